@@ -1,0 +1,208 @@
+# Ref: ARM IHI 0022E "AMBA AXI and ACE Protocol Specification", part B (AXI4-Lite).
+"""The CSR bank: the register map of ``stellar.hdl.regmap`` behind an AXI4-Lite subordinate.
+
+Everything here is generated from a ``RegisterMap``; nothing about individual registers is
+written by hand, so the gateware cannot drift from the host driver's view.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .axil import AxiLiteSignature, Resp
+from .regmap import REGMAP
+
+__all__ = ["block_signature", "AxiLiteCsrBank"]
+
+
+def block_signature(block):
+    """Register ports of one ``regmap.Block``, seen from the gateware that owns the block.
+
+    ``ro`` (not ``const``) -> ``Out(width)`` named like the register (the block drives it);
+    ``counter`` -> ``Out(1)`` named ``<name>_inc`` (high for one clock per event);
+    ``rw`` -> ``In(width, init=init)`` named like the register (the block obeys it).
+    ``const`` and ``clear`` registers live entirely in the bank and have no port.
+    Returns ``None`` if the block has no port at all.
+
+    A block can declare ``csr: Out(block_signature(REGMAP.block("pktengine")))`` and be joined to
+    the bank with ``connect(m, engine.csr, bank.pktengine)``; or a top assigns single ports.
+    """
+    members = {}
+    for r in block.registers:
+        if r.access == "ro" and not r.const:
+            members[r.name] = Out(r.width)
+        elif r.access == "rw":
+            members[r.name] = In(r.width, init=r.init)
+        elif r.access == "counter":
+            members[f"{r.name}_inc"] = Out(1)
+    return wiring.Signature(members) if members else None
+
+
+class AxiLiteCsrBank(wiring.Component):
+    """AXI4-Lite subordinate holding every register of a register map.
+
+    Parameters
+    ----------
+    regmap : regmap.RegisterMap
+        The map to implement; defaults to the design's ``REGMAP``.
+    addr_width : int
+        Width of the AXI byte address; the map must fit (``regmap.span <= 2**addr_width``).
+        Address bits 1:0 are ignored (every access is a whole 32-bit word, lanes by ``wstrb``).
+
+    Ports
+    -----
+    s_axil : In(AxiLiteSignature(addr_width, 32))
+        The register bus. ``awprot``/``arprot`` are ignored.
+    <block> : In(block_signature(block)), one per block that has ports, e.g. ``pktengine``:
+        ``<block>.<name>``      In(width)  for each ``ro`` register: the value reads return;
+        ``<block>.<name>_inc``  In(1)      for each ``counter``: +1 in every clock it is high;
+        ``<block>.<name>``      Out(width) for each ``rw`` register: the value last written
+                                           (reset to ``init``), updated the clock after the
+                                           write is accepted.
+        The ``ident`` block exposes ``ident.scratch`` (unused by gateware).
+
+    Bus behaviour
+    -------------
+    * AW and W are accepted independently, in either order or together, into one-entry
+      holding registers (``awready``/``wready`` are low while their entry is full); the write
+      is performed once both are present and the B channel is free, and answered on B.
+    * One read at a time: ``arready`` is high while no R beat is pending; data is captured in
+      the clock of the AR handshake and held, with its response, until ``rready``.
+    * B and R are held stable under backpressure; no output depends combinationally on an input.
+    * Responses: OKAY for mapped registers. SLVERR (with ``rdata`` 0) for reads of unmapped
+      addresses and for writes to unmapped addresses or to registers the host cannot write
+      (``ro``, ``counter``) -- such writes change nothing. SLVERR rather than OKAY so a driver bug
+      shows up as a bus error (a PCIe adapter turns it into an unsuccessful completion).
+    * ``rw`` registers honour ``wstrb`` byte lanes; bits beyond the register width read 0.
+    * ``clear`` registers: a write with ``wstrb[0]`` and ``wdata[0]`` set zeroes every counter
+      of the block; an increment in that same clock is counted (the counter becomes 1).
+      They read as 0.
+    * Throughput: a write every 2 clocks, a read every 2 clocks, both channels concurrently.
+    """
+
+    def __init__(self, regmap=REGMAP, *, addr_width=16):
+        if regmap.span > 1 << addr_width:
+            self._MustUse__silence = True  # no "created but never used" warning for a failed build
+            raise ValueError(f"register map spans {regmap.span:#x} bytes, more than a {addr_width}-bit "
+                             f"address reaches")
+        self._regmap = regmap
+        self._addr_width = addr_width
+        members = {"s_axil": In(AxiLiteSignature(addr_width, 32))}
+        for block in regmap.blocks:
+            sig = block_signature(block)
+            if sig is not None:
+                members[block.name] = In(sig)
+        super().__init__(members)
+
+    @property
+    def regmap(self):
+        return self._regmap
+
+    @property
+    def addr_width(self):
+        return self._addr_width
+
+    def elaborate(self, platform):
+        m = Module()
+        bus = self.s_axil
+        word = slice(2, self._addr_width)  # word index: AXI-Lite accesses are whole words here
+
+        # Storage for counters (ro/rw values live on the ports themselves).
+        counters = {}
+        clears = {}
+        for block in self._regmap.blocks:
+            clears[block.name] = Signal(name=f"{block.name}_clear")
+            for r in block.counters:
+                counters[block.name, r.name] = Signal(32, name=f"{block.name}_{r.name}")
+
+        # --- write path ------------------------------------------------------------------
+        # AW and W arrive independently (AXI allows W before AW), so each gets its own
+        # one-entry holding register; the write happens when both are present.
+        aw_full = Signal()
+        aw_addr = Signal(self._addr_width)
+        w_full = Signal()
+        w_data = Signal(32)
+        w_strb = Signal(4)
+        m.d.comb += [
+            bus.awready.eq(~aw_full),
+            bus.wready.eq(~w_full),
+        ]
+        with m.If(bus.awvalid & bus.awready):
+            m.d.sync += [aw_full.eq(1), aw_addr.eq(bus.awaddr)]
+        with m.If(bus.wvalid & bus.wready):
+            m.d.sync += [w_full.eq(1), w_data.eq(bus.wdata), w_strb.eq(bus.wstrb)]
+
+        # The response slot is free if empty or being emptied this clock.
+        do_write = Signal()
+        m.d.comb += do_write.eq(aw_full & w_full & (~bus.bvalid | bus.bready))
+
+        w_resp = Signal(Resp)
+        m.d.comb += w_resp.eq(Resp.SLVERR)
+        with m.Switch(aw_addr[word]):
+            for block in self._regmap.blocks:
+                for r in block.registers:
+                    if r.access == "rw":
+                        with m.Case((block.base + r.offset) >> 2):
+                            m.d.comb += w_resp.eq(Resp.OKAY)
+                            port = getattr(getattr(self, block.name), r.name)
+                            with m.If(do_write):
+                                m.d.sync += port.eq(self._merge_lanes(port, w_data, w_strb))
+                    elif r.access == "clear":
+                        with m.Case((block.base + r.offset) >> 2):
+                            m.d.comb += [
+                                w_resp.eq(Resp.OKAY),
+                                clears[block.name].eq(do_write & w_strb[0] & w_data[0]),
+                            ]
+
+        with m.If(bus.bvalid & bus.bready):
+            m.d.sync += bus.bvalid.eq(0)
+        with m.If(do_write):  # after the line above: a new response replaces the one just taken
+            m.d.sync += [
+                aw_full.eq(0),
+                w_full.eq(0),
+                bus.bvalid.eq(1),
+                bus.bresp.eq(w_resp),
+            ]
+
+        # --- counters --------------------------------------------------------------------
+        for (block_name, name), count in counters.items():
+            inc = getattr(getattr(self, block_name), f"{name}_inc")
+            # Clearing and counting in the same clock keeps the event: nothing is lost.
+            m.d.sync += count.eq(Mux(clears[block_name], 0, count) + inc)
+
+        # --- read path -------------------------------------------------------------------
+        m.d.comb += bus.arready.eq(~bus.rvalid)
+        with m.If(bus.rvalid & bus.rready):
+            m.d.sync += bus.rvalid.eq(0)
+        with m.If(bus.arvalid & bus.arready):
+            m.d.sync += bus.rvalid.eq(1)
+            with m.Switch(bus.araddr[word]):
+                for block in self._regmap.blocks:
+                    for r in block.registers:
+                        with m.Case((block.base + r.offset) >> 2):
+                            m.d.sync += [
+                                bus.rdata.eq(self._read_value(block, r, counters)),
+                                bus.rresp.eq(Resp.OKAY),
+                            ]
+                with m.Default():
+                    m.d.sync += [bus.rdata.eq(0), bus.rresp.eq(Resp.SLVERR)]
+
+        return m
+
+    def _read_value(self, block, r, counters):
+        if r.access == "counter":
+            return counters[block.name, r.name]
+        if r.access == "clear":
+            return Const(0, 32)
+        if r.const:
+            return Const(r.init, 32)
+        return getattr(getattr(self, block.name), r.name)  # ro input or rw output port
+
+    @staticmethod
+    def _merge_lanes(current, data, strb):
+        """``current`` with the byte lanes selected by ``strb`` replaced from ``data``."""
+        width = len(current)
+        padded = Cat(current, Const(0, 32 - width))
+        lanes = [Mux(strb[i], data[8 * i:8 * i + 8], padded[8 * i:8 * i + 8])
+                 for i in range((width + 7) // 8)]
+        return Cat(*lanes)[:width]

@@ -1,0 +1,418 @@
+"""The one register map of Stellar, shared by the gateware, the host driver and the docs.
+
+Pure Python: this module must never import amaranth, because the host driver imports it.
+From it come the CSR gateware (``stellar.hdl.csr.AxiLiteCsrBank``), the driver's offsets
+(``REGMAP["pktengine.rx_frames"].offset``), the JSON dump and the Markdown reference::
+
+    python -m stellar.hdl.regmap --json        # [{name, offset, width, access, doc}, ...]
+    python -m stellar.hdl.regmap --markdown    # one table per block
+
+Structure
+---------
+The address space is cut into blocks of ``BLOCK_SIZE`` (256) bytes, 32-bit registers at
+4-byte-aligned offsets. A register's full name is ``"<block>.<register>"``; JSON offsets are
+absolute byte addresses.
+
+Block 0 (``ident``, base 0x0000) never moves and is how the driver finds everything else:
+
+==========  ===================  ========================================================
+offset      register             value
+==========  ===================  ========================================================
+0x00        ``id``               ``MAGIC`` = 0x53544C52 ("STLR"): a Stellar device is there
+0x04        ``version``          ``major << 16 | minor << 8 | patch`` of the gateware
+0x08        ``scratch``          read/write, no effect: the driver's bus sanity check
+0x0C        ``feature_count``    number N of feature words that follow
+0x10 + 4*i  ``feature{i}``       one word per feature block, i < N, ascending base
+==========  ===================  ========================================================
+
+Feature word encoding (``encode_feature`` / ``decode_feature``)::
+
+    31      24 23      16 15                     0
+    +---------+----------+------------------------+
+    | feature | version  |      base >> 8         |
+    +---------+----------+------------------------+
+
+``feature`` is one of the ``FEATURE_*`` ids below (which kind of block; one kind can be
+instantiated several times at different bases), ``version`` is the layout revision of that
+block (bumped on any incompatible change, so a driver can refuse a layout it does not know),
+and ``base`` is the block's byte address (blocks are 256-byte aligned, so 16 bits reach
+16 MiB). A driver reads ``id``, checks ``version``, then walks ``feature0 ..
+feature{N-1}``; it never needs hard-coded block addresses.
+
+Access kinds
+------------
+``ro``       driven by gateware (an input port of the CSR bank), or a constant of the map when
+             ``const`` is set (the bank drives it itself, no port); writes get SLVERR.
+``rw``       host-written control, read back as written (an output port of the bank, reset to
+             ``init``); byte strobes honoured.
+``counter``  32-bit read-only event counter incremented by gateware (the bank's input port
+             ``<name>_inc`` adds 1 in every clock it is high), wrapping at 2**32; writes get
+             SLVERR.
+``clear``    write-only strobe: writing 1 to bit 0 zeroes every counter of the same block; reads
+             return 0.
+
+Adding a block
+--------------
+Write a factory like ``pktengine_block`` (registers with explicit, stable offsets), give its kind
+a new ``FEATURE_*`` id and append it to ``BLOCKS``. The ``ident`` block, the feature list, the
+gateware and the docs follow automatically.
+"""
+
+import argparse
+import json
+import keyword
+import sys
+from dataclasses import dataclass
+
+__all__ = [
+    "ACCESS", "MAGIC", "VERSION", "BLOCK_SIZE", "FEATURE_LIST_OFFSET", "MAX_FEATURES",
+    "FEATURE_PKTENGINE", "FEATURE_NAMES",
+    "Register", "Block", "MappedRegister", "RegisterMap",
+    "encode_version", "decode_version", "encode_feature", "decode_feature",
+    "pktengine_block", "pktengine_config", "BLOCKS", "REGMAP",
+]
+
+ACCESS = ("ro", "rw", "counter", "clear")
+
+MAGIC = 0x53544C52  # "STLR" in ASCII, most significant byte first
+VERSION = (0, 1, 0)  # gateware version reported by ident.version
+
+# Blocks are 256-byte aligned: 64 registers each, and a feature word can carry base >> 8.
+BLOCK_SIZE = 0x100
+FEATURE_LIST_OFFSET = 0x10
+MAX_FEATURES = (BLOCK_SIZE - FEATURE_LIST_OFFSET) // 4
+
+# Feature ids (bits 31:24 of a feature word). 0 is reserved so that a zero word never
+# looks like a valid feature. Never renumber: drivers in the field match on these.
+FEATURE_PKTENGINE = 1
+
+FEATURE_NAMES = {
+    FEATURE_PKTENGINE: "pktengine",
+}
+
+
+def encode_version(major, minor, patch):
+    for part in (major, minor, patch):
+        if not 0 <= part <= 0xFF:
+            raise ValueError(f"version part {part} does not fit in 8 bits")
+    return (major << 16) | (minor << 8) | patch
+
+
+def decode_version(word):
+    """``ident.version`` word -> ``(major, minor, patch)``."""
+    return (word >> 16) & 0xFF, (word >> 8) & 0xFF, word & 0xFF
+
+
+def encode_feature(feature, version, base):
+    """Feature word for a block of kind ``feature``, layout ``version``, at byte address ``base``."""
+    if not 1 <= feature <= 0xFF:
+        raise ValueError(f"feature id {feature} must be in 1..255 (0 is reserved)")
+    if not 0 <= version <= 0xFF:
+        raise ValueError(f"block version {version} does not fit in 8 bits")
+    if base % BLOCK_SIZE or not 0 <= base >> 8 <= 0xFFFF:
+        raise ValueError(f"block base {base:#x} must be {BLOCK_SIZE:#x}-aligned and below 16 MiB")
+    return (feature << 24) | (version << 16) | (base >> 8)
+
+
+def decode_feature(word):
+    """Feature word -> ``(feature id, block version, base byte address)``."""
+    return (word >> 24) & 0xFF, (word >> 16) & 0xFF, (word & 0xFFFF) << 8
+
+
+def _check_identifier(kind, name):
+    # Names become Amaranth port names and Python attributes: keep them plain identifiers.
+    if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+            and name == name.lower() and not name.startswith("_") and "__" not in name):
+        raise ValueError(f"{kind} name {name!r} must be a lower-case Python identifier "
+                         f"without leading or double underscores")
+
+
+@dataclass(frozen=True)
+class Register:
+    """One 32-bit register slot of a block.
+
+    ``offset`` is the byte offset inside the block (4-byte aligned); ``width`` the number of
+    implemented bits (the rest read as 0); ``init`` the reset value of an ``rw`` register or the
+    value of a ``const`` ``ro`` register.
+    """
+    name: str
+    offset: int
+    width: int
+    access: str
+    doc: str
+    init: int = 0
+    const: bool = False
+
+    def __post_init__(self):
+        _check_identifier("register", self.name)
+        if self.access not in ACCESS:
+            raise ValueError(f"{self.name}: access {self.access!r} not one of {ACCESS}")
+        if self.offset < 0 or self.offset % 4:
+            raise ValueError(f"{self.name}: offset {self.offset:#x} is not 4-byte aligned")
+        if not 1 <= self.width <= 32:
+            raise ValueError(f"{self.name}: width {self.width} not in 1..32")
+        if not 0 <= self.init < (1 << self.width):
+            raise ValueError(f"{self.name}: init {self.init:#x} does not fit in {self.width} bits")
+        if not self.doc.strip():
+            raise ValueError(f"{self.name}: every register needs a doc string")
+        if self.access == "counter" and (self.width != 32 or self.init):
+            raise ValueError(f"{self.name}: counters are 32 bits wide and start at 0")
+        if self.access == "clear" and (self.width != 1 or self.init):
+            raise ValueError(f"{self.name}: a clear strobe is 1 bit wide with init 0")
+        if self.const and self.access != "ro":
+            raise ValueError(f"{self.name}: only ro registers can be constants")
+
+
+@dataclass(frozen=True)
+class Block:
+    """A group of registers at ``base`` (``BLOCK_SIZE``-aligned, ``size`` bytes).
+
+    ``version`` is the layout revision reported in the block's feature word; ``feature`` its
+    ``FEATURE_*`` kind (``None`` only for the ``ident`` block, which is not in the feature list).
+    ``registers`` may be given in any order; they are kept sorted by offset.
+    """
+    name: str
+    base: int
+    version: int
+    doc: str
+    registers: tuple
+    feature: int = None
+    size: int = BLOCK_SIZE
+
+    def __post_init__(self):
+        _check_identifier("block", self.name)
+        if self.name == "s_axil":
+            raise ValueError("block name 's_axil' is taken by the CSR bank's bus port")
+        object.__setattr__(self, "registers", tuple(sorted(self.registers, key=lambda r: r.offset)))
+        if self.base % BLOCK_SIZE or self.size <= 0 or self.size % BLOCK_SIZE:
+            raise ValueError(f"{self.name}: base {self.base:#x} and size {self.size:#x} must be "
+                             f"multiples of {BLOCK_SIZE:#x}")
+        if not 0 <= self.version <= 0xFF:
+            raise ValueError(f"{self.name}: version {self.version} does not fit in 8 bits")
+        if self.feature is not None:
+            # Fails early with the same checks the feature word will apply.
+            encode_feature(self.feature, self.version, self.base)
+        names, offsets = set(), set()
+        for r in self.registers:
+            if not isinstance(r, Register):
+                raise TypeError(f"{self.name}: {r!r} is not a Register")
+            if r.name in names:
+                raise ValueError(f"{self.name}: duplicate register name {r.name!r}")
+            if r.offset in offsets:
+                raise ValueError(f"{self.name}.{r.name}: offset {r.offset:#x} already used")
+            if r.offset >= self.size:
+                raise ValueError(f"{self.name}.{r.name}: offset {r.offset:#x} outside the block")
+            names.add(r.name)
+            offsets.add(r.offset)
+        # A counter's gateware port is "<name>_inc": it must not shadow another register's port.
+        for r in self.registers:
+            if r.access == "counter" and f"{r.name}_inc" in names:
+                raise ValueError(f"{self.name}.{r.name}_inc clashes with counter {r.name}'s port")
+
+    def register(self, name):
+        for r in self.registers:
+            if r.name == name:
+                return r
+        raise KeyError(f"block {self.name} has no register {name!r}")
+
+    @property
+    def counters(self):
+        return tuple(r for r in self.registers if r.access == "counter")
+
+
+@dataclass(frozen=True)
+class MappedRegister:
+    """A register placed in the map: full name ``block.register`` and absolute byte ``offset``."""
+    name: str
+    offset: int
+    width: int
+    access: str
+    doc: str
+    init: int
+    const: bool
+    block: str
+    register: str
+
+    def as_dict(self):
+        """The JSON record: exactly ``{name, offset, width, access, doc}``."""
+        return {k: getattr(self, k) for k in ("name", "offset", "width", "access", "doc")}
+
+
+class RegisterMap:
+    """The whole map: the ``ident`` block at 0 followed by the given feature blocks.
+
+    ``blocks`` are the feature blocks (each with a ``feature`` id), in any order; the ``ident``
+    block and its feature list are generated from them. Lookup by full name
+    (``regmap["pktengine.rx_frames"]``), by address (``regmap.at(0x140)``), iteration in address
+    order, ``to_json()`` and ``markdown()``.
+    """
+
+    def __init__(self, blocks, *, version=VERSION):
+        blocks = sorted(blocks, key=lambda b: b.base)
+        if len(blocks) > MAX_FEATURES:
+            raise ValueError(f"{len(blocks)} feature blocks, the ident block lists at most {MAX_FEATURES}")
+        for b in blocks:
+            if b.feature is None:
+                raise ValueError(f"block {b.name} has no feature id: the driver could not find it")
+        self.version = tuple(version)
+        self.blocks = (self._ident_block(blocks, self.version), *blocks)
+
+        names = set()
+        for prev, b in zip(self.blocks, self.blocks[1:], strict=False):
+            if b.base < prev.base + prev.size:
+                raise ValueError(f"block {b.name} at {b.base:#x} overlaps {prev.name}")
+        for b in self.blocks:
+            if b.name in names:
+                raise ValueError(f"duplicate block name {b.name!r}")
+            names.add(b.name)
+
+        self._by_name = {}
+        self._by_offset = {}
+        for b in self.blocks:
+            for r in b.registers:
+                m = MappedRegister(name=f"{b.name}.{r.name}", offset=b.base + r.offset, width=r.width,
+                                   access=r.access, doc=r.doc, init=r.init, const=r.const,
+                                   block=b.name, register=r.name)
+                self._by_name[m.name] = m
+                self._by_offset[m.offset] = m
+
+    @staticmethod
+    def _ident_block(features, version):
+        regs = [
+            Register("id", 0x00, 32, "ro", 'Magic number 0x53544C52 ("STLR"): a Stellar device '
+                     "answers here. Anything else means wrong BAR, wrong device or a dead bus.",
+                     init=MAGIC, const=True),
+            Register("version", 0x04, 32, "ro", "Gateware version: major << 16 | minor << 8 | patch.",
+                     init=encode_version(*version), const=True),
+            Register("scratch", 0x08, 32, "rw", "Scratch register with no effect: the driver writes "
+                     "and reads back a pattern to check the register path."),
+            Register("feature_count", 0x0C, 32, "ro", "Number of feature words feature0.. that follow.",
+                     init=len(features), const=True),
+        ]
+        for i, b in enumerate(features):
+            kind = FEATURE_NAMES.get(b.feature, f"feature id {b.feature}")
+            regs.append(Register(
+                f"feature{i}", FEATURE_LIST_OFFSET + 4 * i, 32, "ro",
+                f"Feature word: id << 24 | version << 16 | base >> 8. Here: {kind} "
+                f"(id {b.feature}), version {b.version}, block '{b.name}' at {b.base:#06x}.",
+                init=encode_feature(b.feature, b.version, b.base), const=True))
+        return Block("ident", 0x0000, 1, "Identification and feature discovery. Fixed at address 0; "
+                     "the driver finds every other block through the feature list.", regs)
+
+    def __getitem__(self, name):
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"no register {name!r} in the register map") from None
+
+    def __contains__(self, name):
+        return name in self._by_name
+
+    def __iter__(self):
+        return iter(sorted(self._by_name.values(), key=lambda m: m.offset))
+
+    def __len__(self):
+        return len(self._by_name)
+
+    def at(self, offset):
+        """The register at absolute byte address ``offset``, or ``None`` (unmapped)."""
+        return self._by_offset.get(offset)
+
+    def block(self, name):
+        for b in self.blocks:
+            if b.name == name:
+                return b
+        raise KeyError(f"no block {name!r} in the register map")
+
+    @property
+    def span(self):
+        """Bytes of address space the map needs (end of the highest block)."""
+        last = self.blocks[-1]
+        return last.base + last.size
+
+    def to_json(self, indent=2):
+        """JSON text: a list of ``{name, offset, width, access, doc}``, absolute offsets."""
+        return json.dumps([m.as_dict() for m in self], indent=indent)
+
+    def markdown(self):
+        major, minor, patch = self.version
+        lines = ["# Register map", "",
+                 f"Generated from `stellar.hdl.regmap` (the one source of truth), gateware version "
+                 f"{major}.{minor}.{patch}. Offsets are absolute byte addresses; every register is a "
+                 "32-bit word, unimplemented bits read as 0.", ""]
+        for b in self.blocks:
+            what = "not in the feature list" if b.feature is None else \
+                f"feature id {b.feature}, version {b.version}"
+            lines += [f"## {b.name} — base {b.base:#06x} ({what})", "", b.doc, "",
+                      "| offset | name | access | width | init | description |",
+                      "|---|---|---|---|---|---|"]
+            for r in b.registers:
+                access = "ro (const)" if r.const else r.access
+                doc = r.doc.replace("|", "\\|")
+                lines.append(f"| {b.base + r.offset:#06x} | {b.name}.{r.name} | {access} | {r.width} "
+                             f"| {r.init:#x} | {doc} |")
+            lines.append("")
+        return "\n".join(lines)
+
+
+# --- packet engine ----------------------------------------------------------------------------
+
+def pktengine_config(data_width):
+    """Value the top drives on ``pktengine.config`` for a datapath ``data_width`` bits wide."""
+    if data_width % 8 or not 0 < data_width // 8 <= 0xFFFF:
+        raise ValueError(f"data width {data_width} is not a whole number of bytes below 64 KiB")
+    return data_width // 8
+
+
+def pktengine_block(name="pktengine", base=0x0100):
+    """Header parser/deparser, ICRC and IPv4 checksum: configuration and per-frame counters."""
+    def counter(reg, offset, doc):
+        return Register(reg, offset, 32, "counter", doc)
+
+    return Block(name, base, 1, "Packet engine: Ethernet/VLAN/IPv4/IPv6/UDP/BTH parsing and "
+                 "deparsing, ICRC check and generation, IPv4 header checksum. Counters wrap at 2**32 "
+                 "and are zeroed together through counters_clear.", [
+        Register("config", 0x00, 32, "ro", "Build configuration: bits 15:0 = datapath width in bytes "
+                 "per beat (8 or 64); bits 31:16 reserved, read 0."),
+        Register("counters_clear", 0x04, 1, "clear", "Write 1 to bit 0 to zero every counter of this "
+                 "block at once (an event in the same clock is counted, not lost). Reads 0."),
+        # RX counters from 0x40, TX counters from 0x80: room to grow each group in place.
+        counter("rx_frames", 0x40, "Frames received from the wire (every complete frame, good or bad)."),
+        counter("rx_roce", 0x44, "Received frames recognised as RoCEv2 (IPv4 or IPv6, UDP destination "
+                "port 4791), whether later dropped or not."),
+        counter("rx_non_roce", 0x48, "Received frames that are not RoCEv2 (other EtherType, IP protocol "
+                "or UDP port); not an error, they do not reach the transport."),
+        counter("rx_ecn_ce", 0x4C, "Received RoCEv2 frames marked ECN Congestion Experienced (IP ECN = "
+                "0b11): the notification point's input for CNP generation."),
+        counter("rx_drop_icrc", 0x50, "RoCEv2 frames dropped because the invariant CRC did not match."),
+        counter("rx_drop_ip_checksum", 0x54, "IPv4 frames dropped because the IPv4 header checksum was "
+                "wrong."),
+        counter("rx_drop_malformed", 0x58, "Frames dropped as malformed: truncated before the end of "
+                "their headers, or with inconsistent version, IHL or length fields."),
+        counter("rx_drop_opcode", 0x5C, "RoCEv2 frames dropped because the BTH opcode is reserved or "
+                "not supported."),
+        counter("tx_frames", 0x80, "Frames transmitted to the wire (every complete frame)."),
+    ], feature=FEATURE_PKTENGINE)
+
+
+# Every feature block of the design, in any order. New blocks are appended here.
+BLOCKS = [
+    pktengine_block(),
+]
+
+REGMAP = RegisterMap(BLOCKS)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m stellar.hdl.regmap",
+                                     description="Print Stellar's register map.")
+    fmt = parser.add_mutually_exclusive_group(required=True)
+    fmt.add_argument("--json", action="store_true",
+                     help="every register as {name, offset, width, access, doc}, absolute offsets")
+    fmt.add_argument("--markdown", action="store_true", help="one Markdown table per block")
+    args = parser.parse_args(argv)
+    sys.stdout.write((REGMAP.to_json() if args.json else REGMAP.markdown()) + "\n")
+
+
+if __name__ == "__main__":
+    main()
