@@ -382,8 +382,8 @@ def pktengine_block(name="pktengine", base=0x0100):
                 "port 4791), whether later dropped or not."),
         counter("rx_non_roce", 0x48, "Received frames that are not RoCEv2 (other EtherType, IP protocol "
                 "or UDP port); not an error, they do not reach the transport."),
-        counter("rx_ecn_ce", 0x4C, "Received RoCEv2 frames marked ECN Congestion Experienced (IP ECN = "
-                "0b11): the notification point's input for CNP generation."),
+        counter("rx_ecn_ce", 0x4C, "Accepted (not dropped) RoCEv2 frames marked ECN Congestion "
+                "Experienced (IP ECN = 0b11): the notification point's input for CNP generation."),
         counter("rx_drop_icrc", 0x50, "RoCEv2 frames dropped because the invariant CRC did not match."),
         counter("rx_drop_ip_checksum", 0x54, "IPv4 frames dropped because the IPv4 header checksum was "
                 "wrong."),
@@ -391,6 +391,8 @@ def pktengine_block(name="pktengine", base=0x0100):
                 "their headers, or with inconsistent version, IHL or length fields."),
         counter("rx_drop_opcode", 0x5C, "RoCEv2 frames dropped because the BTH opcode is reserved or "
                 "not supported."),
+        counter("rx_drop_overflow", 0x60, "Frames dropped because they did not fit the receive "
+                "buffer (longer than its capacity: 16 KiB)."),
         counter("tx_frames", 0x80, "Frames transmitted to the wire (every complete frame)."),
     ], feature=FEATURE_PKTENGINE)
 

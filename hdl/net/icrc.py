@@ -1,0 +1,87 @@
+# Ref: IBTA Vol 1 Annex A17 (RoCEv2) A17.8 "ICRC" (invariant-field masking for IPv4/IPv6)
+"""Per-beat ICRC input masking, shared by the parser's checker and the deparser's generator.
+
+The ICRC covers, in the init-0 formulation of ``stellar.hdl.net.crc``:
+``FF FF FF FF`` (in the 4 bytes just before the IP header) || IP header || UDP || BTH ||
+extension headers || payload || pad, with the variant fields forced to all ones:
+IPv4 TOS, TTL and header checksum; IPv6 traffic class, flow label and hop limit; the UDP
+checksum; BTH byte 4 (FECN, BECN, resv6). Ethernet/VLAN bytes before that are zeroed (no-ops
+for an init-0 CRC); bytes from the ICRC on are zeroed and the zero padding they add to the
+last CRC word is undone by ``crc_unpad``.
+"""
+
+from amaranth.hdl import Cat, Mux, Signal, signed, unsigned
+
+from .crc import crc_step, materialize
+from .layout import lane
+
+__all__ = ["IcrcLanes", "icrc_capture", "icrc_overlay"]
+
+
+class IcrcLanes:
+    """Combinational ICRC bookkeeping for one beat.
+
+    Parameters: ``nbytes`` lanes per beat. Inputs (Values): ``base`` absolute byte offset of
+    lane 0, ``ip_off`` (14 or 18), ``udp_off``, ``ipv6``, ``end`` (absolute offset of the first
+    ICRC byte). Attributes after construction: ``masked`` (the beat as the CRC must see it),
+    ``update`` (the beat holds CRC bytes), ``k`` (zero bytes padding the end, valid on the beat that holds byte end-1).
+    """
+
+    def __init__(self, m, data, base, ip_off, udp_off, ipv6, end, nbytes, name="icrc"):
+        self.nbytes = nbytes
+        lanes_out = []
+        for b in range(nbytes):
+            a = Signal(unsigned(16), name=f"{name}_a{b}")
+            m.d.comb += a.eq(base + b)
+            # Positions relative to the IP and UDP headers (wrapping when negative).
+            r = materialize(m, (a - ip_off)[:16], f"{name}_r{b}")
+            u = materialize(m, (a - udp_off)[:16], f"{name}_u{b}")
+            byte = lane(data, b)
+            pre_ff = (a + 4 >= ip_off) & (a < ip_off)
+            v4_ff = ~ipv6 & ((r == 1) | (r == 8) | (r == 10) | (r == 11))
+            v6_ff = ipv6 & ((r == 1) | (r == 2) | (r == 3) | (r == 7))
+            l4_ff = (u == 6) | (u == 7) | (u == 12)   # UDP checksum, BTH byte 4
+            v6_nibble = ipv6 & (r == 0)               # version stays, traffic class high nibble
+            zero = (a + 4 < ip_off) | (a >= end)
+            out = Mux(zero, 0,
+                      Mux(pre_ff | v4_ff | v6_ff | l4_ff, 0xFF,
+                          Mux(v6_nibble, byte | 0x0F, byte)))
+            lanes_out.append(out)
+        self.m = m
+        self.name = name
+        self.masked = materialize(m, Cat(*lanes_out), f"{name}_masked")
+        self.update = base < end
+        k = Signal(range(nbytes), name=f"{name}_k")
+        m.d.comb += k.eq((-end)[:max(1, (nbytes - 1).bit_length())] if nbytes > 1 else 0)
+        self.k = k
+
+    def step(self, state, first):
+        """Next CRC state: restart from 0 on the first beat of a frame."""
+        return crc_step(self.m, Mux(first, 0, state), self.masked, name=f"{self.name}_crc")
+
+
+def icrc_capture(old, data, base, end, nbytes):
+    """The received ICRC (as a 32-bit value, wire byte 0 in bits [0:8]) after a beat whose lane 0
+    is absolute byte ``base``: bytes ``end .. end+3`` that fall in this beat replace ``old``."""
+    d = Signal(signed(17))
+    d_eq = d.eq(end - base)
+    out = []
+    for i in range(4):
+        pos = d + i
+        hit = (pos >= 0) & (pos < nbytes)
+        idx = pos[:max(1, (nbytes - 1).bit_length())]
+        out.append(Mux(hit, data.word_select(idx, 8) if nbytes > 1 else data[:8], old[i * 8:i * 8 + 8]))
+    return d_eq, Cat(*out)
+
+
+def icrc_overlay(data, base, end, value, nbytes):
+    """Write the 4 ICRC bytes of ``value`` at absolute offsets ``end .. end+3`` into a beat whose
+    lane 0 is absolute byte ``base``."""
+    d = Signal(signed(17))
+    d_eq = d.eq(base - end)
+    out = []
+    for b in range(nbytes):
+        pos = d + b
+        hit = (pos >= 0) & (pos < 4)
+        out.append(Mux(hit, value.word_select(pos[:2], 8), lane(data, b)))
+    return d_eq, Cat(*out)

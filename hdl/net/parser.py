@@ -1,0 +1,393 @@
+# Ref: IBTA Vol 1 Annex A17 (RoCEv2) A17.4 (encapsulation), A17.8 (ICRC); IBTA Vol 1 ch. 9.2-9.3
+#      (BTH and extension headers); RFC 791 (IPv4, header checksum); RFC 8200 (IPv6); RFC 768
+"""RoCEv2 header parser with ICRC and IPv4 header checksum check.
+
+Stage A captures the first 128 bytes of each frame (the longest header Stellar parses is
+126 bytes: Ethernet + VLAN + IPv4 with 40 bytes of options + UDP + BTH + AtomicETH) into a
+window register while every beat also goes into a small data FIFO. One cycle after the window
+is complete (beat ``ceil(128/B) - 1`` of the frame, or its last beat if shorter), the decoder
+extracts every field from the window at once, classifies the frame and checks its header, and
+pushes a small *decision* (offsets and lengths) and the wide header *record*.
+
+Stage B reads the frame back from the data FIFO with one beat of look-ahead, feeds the masked
+beats to the ICRC, and re-aligns the payload to byte 0 of its own beats (a byte shifter over the
+current and the next beat, so each input beat yields at most one output beat: no flush cycle,
+no bubble between frames). The last payload beat is held until the frame's last beat has been
+checked, so the verdict travels with it.
+
+Ports:
+  ``i``       in   stream of beats (data, keep, last): Ethernet frames without FCS.
+  ``o``       out  stream of beats: the payload of each RoCEv2 frame, re-aligned to lane 0, without
+                   pad and ICRC; the whole frame, unchanged, for non-RoCE frames. Every frame
+                   yields at least one beat (a frame without payload yields one beat with
+                   ``keep == 0``), so every frame has a ``last`` beat to carry its verdict.
+  ``o_meta``  out  the header record (``layout.record_layout()``), valid while ``o.valid`` and
+                   ``o.payload.last``: every header field, ``roce``, ``payload_len``,
+                   ``frame_len`` and the verdict ``drop`` / ``reason``.
+
+Parameters: ``data_width`` (64 or 512 bits; any multiple of 64 up to 1024 works).
+
+Latency (no stalls): the first output beat of a frame leaves ``ceil(128/B) + 3`` cycles after
+its first beat entered (B = data_width/8: 19 cycles at 64 bits, 5 at 512 bits), or sooner for a
+frame shorter than the window. Throughput: one beat per clock, back-to-back frames without
+bubbles; backpressure on ``o`` stalls ``i`` without loss.
+
+Verdicts (``DropReason``, one per frame, by precedence):
+  MALFORMED   IPv4 ethertype with version != 4 or IHL < 5; IPv6 ethertype with version != 6;
+              for RoCEv2: TVer != 0, an IPv4 fragment, UDP length != IP length - IP header,
+              payload + pad not a multiple of 4, pad or payload on an opcode that carries none,
+              frame shorter than the IP length says (truncated) or longer than
+              max(60, IP end) (trailing bytes that are not Ethernet padding).
+  OPCODE      a BTH opcode that is not RC, UC, UD (IBTA) or CNP.
+  IP_CHECKSUM bad IPv4 header checksum on a RoCEv2 frame.
+  ICRC        bad ICRC.
+Non-RoCE frames (not IPv4/IPv6 UDP to port 4791) pass unchanged unless MALFORMED above.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from . import headers as H
+from .crc import icrc_finish, materialize
+from .icrc import IcrcLanes, icrc_capture
+from .layout import MAX_FRAME_BITS, DropReason, beat_layout, record_layout, unpack_header
+
+__all__ = ["Parser", "HEADER_WINDOW", "ipv4_checksum_ok"]
+
+HEADER_WINDOW = 128
+assert H.MAX_HEADER_BYTES <= HEADER_WINDOW
+# Candidate UDP header offsets: IPv4 at 14 or 18 with IHL 5..15, IPv6 at 14 or 18 (+40).
+UDP_OFFSETS = sorted({ip + 4 * ihl for ip in (14, 18) for ihl in range(5, 16)} | {54, 58})
+L4_WINDOW = H.UDP.size + H.BTH.size + 28   # UDP + BTH + the longest extension chain
+POS_BITS = 17   # absolute byte offsets: IPv4 total length (16 bits) + Ethernet/VLAN header
+
+
+def ones_complement_sum(words):
+    """Sum of 16-bit Values with end-around carry (two folds suffice for up to 2^16 words)."""
+    total = sum(words[1:], words[0])
+    folded = total[:16] + total[16:]
+    return (folded[:16] + folded[16:])[:16]
+
+
+def ipv4_checksum_ok(ip_lanes, ihl):
+    """True when the IPv4 header (lanes, up to 60 bytes) sums to 0xFFFF over ``ihl`` words."""
+    words = []
+    for w in range(30):
+        be = Cat(ip_lanes[w * 16 + 8:w * 16 + 16], ip_lanes[w * 16:w * 16 + 8])
+        words.append(Mux(w < ihl * 2, be, 0) if w >= 10 else be)
+    return ones_complement_sum(words) == 0xFFFF
+
+
+def ext_extract(m, opcode, extv, name_prefix="ext"):
+    """Each extension header's lanes from the extension-header vector, placed by opcode."""
+    out = {}
+    for h in H.EXT_HEADERS:
+        by_offset = {}
+        for code in H.OPCODES:
+            offs, _ = H.ext_layout(code)
+            if h.name in offs:
+                by_offset.setdefault(offs[h.name], []).append(code)
+        sig = Signal(h.size * 8, name=f"{name_prefix}_{h.name}")
+        with m.Switch(opcode):
+            for off, codes in sorted(by_offset.items()):
+                with m.Case(*codes):
+                    m.d.comb += sig.eq(extv[off * 8:(off + h.size) * 8])
+        out[h.name] = sig
+    return out
+
+
+def ext_length(m, opcode, name="ext_len"):
+    """Total extension-header bytes of an opcode, and whether the opcode is known."""
+    ext_len = Signal(range(64), name=name)
+    known = Signal(name=f"{name}_known")
+    has_payload = Signal(name=f"{name}_payload")
+    with m.Switch(opcode):
+        for code, op in H.OPCODES.items():
+            with m.Case(code):
+                m.d.comb += [ext_len.eq(H.ext_layout(code)[1]), known.eq(1),
+                             has_payload.eq(op.payload)]
+    return ext_len, known, has_payload
+
+
+class Decision(data.Struct):
+    raw: 1                       # pass the frame through unchanged
+    reason: DropReason           # header verdict (lengths are checked in stage B)
+    hlen: 7                      # header bytes before the payload (L)
+    plen: MAX_FRAME_BITS         # payload bytes (P)
+    end: POS_BITS                # absolute offset of the ICRC (E)
+    ip_end: POS_BITS             # absolute offset just past the IP packet
+    ip_off: 5                    # 14 or 18
+    udp_off: 7
+    ipv6: 1
+
+
+class Parser(wiring.Component):
+    def __init__(self, data_width=64):
+        assert data_width % 64 == 0
+        self.data_width = data_width
+        self.nbytes = data_width // 8
+        self.window_beats = -(-HEADER_WINDOW // self.nbytes)
+        self.latency = self.window_beats + 3
+        super().__init__({
+            "i": In(stream.Signature(beat_layout(data_width))),
+            "o": Out(stream.Signature(beat_layout(data_width))),
+            "o_meta": Out(record_layout()),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        B = self.nbytes
+        NW = self.window_beats
+        lg = (B - 1).bit_length()
+        beat = beat_layout(self.data_width)
+        rec = record_layout()
+
+        data_depth = 1 << (NW + 8 - 1).bit_length()
+        rec_depth = 16 if B >= 32 else 8
+        m.submodules.data_fifo = data_fifo = SyncFIFOBuffered(width=beat.size, depth=data_depth)
+        m.submodules.dec_fifo = dec_fifo = SyncFIFOBuffered(width=Decision.as_shape().size,
+                                                            depth=rec_depth)
+        m.submodules.rec_fifo = rec_fifo = SyncFIFOBuffered(width=rec.size, depth=rec_depth)
+
+        # ---------------------------------------------------------------- stage A: capture
+        a_idx = Signal(range(NW + 1))
+        window = Signal(NW * B * 8)
+        decode = Signal()   # the window holds a whole header (or frame): decode it this cycle
+        keep_bits = Cat(*(self.i.payload.keep[b].replicate(8) for b in range(B)))
+        in_data = self.i.payload.data & keep_bits   # AXI leaves null bytes undefined: zero them
+
+        m.d.comb += [
+            self.i.ready.eq(data_fifo.w_rdy & (rec_fifo.w_level < rec_depth - 2)),
+            data_fifo.w_en.eq(self.i.valid & self.i.ready),
+            data_fifo.w_data.eq(Cat(in_data, self.i.payload.keep, self.i.payload.last)),
+        ]
+        m.d.sync += decode.eq(0)
+        with m.If(self.i.valid & self.i.ready):
+            with m.Switch(a_idx):
+                with m.Case(0):
+                    m.d.sync += window.eq(in_data)    # zeroes the rest: short frames read 0
+                for n in range(1, NW):
+                    with m.Case(n):
+                        m.d.sync += window[n * B * 8:(n + 1) * B * 8].eq(in_data)
+            with m.If(self.i.payload.last):
+                m.d.sync += a_idx.eq(0)
+            with m.Elif(a_idx < NW):
+                m.d.sync += a_idx.eq(a_idx + 1)
+            m.d.sync += decode.eq((a_idx < NW) & ((a_idx == NW - 1) | self.i.payload.last))
+
+        # ---------------------------------------------------------------- decoder
+        win = window
+        eth = unpack_header(H.ETH, win[:H.ETH.size * 8])
+        vlan = unpack_header(H.VLAN, win[14 * 8:18 * 8])
+        vlan_p = materialize(m, eth["ethertype"] == H.ETHERTYPE_VLAN, "vlan_p")
+        ethertype = materialize(m, Mux(vlan_p, vlan["ethertype"], eth["ethertype"]), "ethertype")
+        is4 = materialize(m, ethertype == H.ETHERTYPE_IPV4, "is4")
+        is6 = materialize(m, ethertype == H.ETHERTYPE_IPV6, "is6")
+        ip_off = materialize(m, Mux(vlan_p, 18, 14), "ip_off")
+        ipwin = Signal(60 * 8)
+        m.d.comb += ipwin.eq(Mux(vlan_p, win[18 * 8:78 * 8], win[14 * 8:74 * 8]))
+        ip4 = unpack_header(H.IPV4, ipwin[:160])
+        ip6 = unpack_header(H.IPV6, ipwin[:320])
+        ihl = ip4["ihl"]
+        options = Cat(*(Mux(i < (ihl - 5) * 4, ipwin[160 + 8 * i:168 + 8 * i], 0)
+                        for i in range(H.MAX_IPV4_OPTIONS)))
+        v4_bad = materialize(m, is4 & ((ip4["version"] != 4) | (ihl < 5)), "v4_bad")
+        v6_bad = materialize(m, is6 & (ip6["version"] != 6), "v6_bad")
+
+        udp_off = Signal(7)
+        m.d.comb += udp_off.eq(Mux(is6, ip_off + 40, ip_off + ihl * 4))
+        l4 = Signal(L4_WINDOW * 8)
+        with m.Switch(udp_off):
+            for off in UDP_OFFSETS:
+                with m.Case(off):
+                    m.d.comb += l4.eq(win[off * 8:(off + L4_WINDOW) * 8])
+        udp = unpack_header(H.UDP, l4[:64])
+        bth = unpack_header(H.BTH, l4[64:160])
+        ext = ext_extract(m, bth["opcode"], l4[160:])
+        ext_len, op_known, op_payload = ext_length(m, bth["opcode"])
+
+        frag = (ip4["frag_offset"] != 0) | ip4["flags"][0]   # flags: reserved, DF, MF (bit 0)
+        udp_is = Mux(is6, ~v6_bad & (ip6["next_header"] == H.IPPROTO_UDP),
+                     is4 & ~v4_bad & (ip4["protocol"] == H.IPPROTO_UDP) & (ip4["frag_offset"] == 0))
+        roce = materialize(m, (is4 | is6) & udp_is & (udp["dport"] == H.ROCEV2_UDP_PORT), "roce")
+
+        ip_len = Signal(POS_BITS)
+        m.d.comb += ip_len.eq(Mux(is6, 40 + ip6["payload_length"], ip4["total_length"]))
+        ip_end = Signal(POS_BITS)
+        m.d.comb += ip_end.eq(ip_off + ip_len)
+        hlen = Signal(8)
+        m.d.comb += hlen.eq(udp_off + H.UDP.size + H.BTH.size + ext_len)
+        end = Signal(POS_BITS)
+        m.d.comb += end.eq(ip_end - 4)
+        pad = bth["pad_count"]
+        opcode = materialize(m, bth["opcode"], "opcode")
+        plen_wide = Signal(POS_BITS + 1)
+        m.d.comb += plen_wide.eq(end - hlen - pad)
+        len_bad = (
+            (ip_end < hlen + pad + 4)                             # header + pad + ICRC do not fit
+            | (udp["length"] != ip_len - (udp_off - ip_off))
+            | (op_known & ((end - hlen)[:2] != 0))                # payload + pad not 4-aligned
+            | (plen_wide >= (1 << MAX_FRAME_BITS))
+            | (op_known & ~op_payload & ((pad != 0) | (end != hlen)))
+        )
+        malformed = v4_bad | v6_bad | (roce & ((bth["tver"] != 0) | (is4 & frag) | len_bad))
+        csum_ok = ipv4_checksum_ok(ipwin, ihl)
+        reason = Signal(DropReason)
+        with m.If(malformed):
+            m.d.comb += reason.eq(DropReason.MALFORMED)
+        with m.Elif(roce & ~op_known):
+            m.d.comb += reason.eq(DropReason.OPCODE)
+        with m.Elif(roce & is4 & ~csum_ok):
+            m.d.comb += reason.eq(DropReason.IP_CHECKSUM)
+
+        dec = Signal(Decision)
+        m.d.comb += [
+            dec.raw.eq(~roce),
+            dec.reason.eq(reason),
+            dec.hlen.eq(Mux(roce, hlen, 0)),
+            dec.plen.eq(plen_wide),
+            dec.end.eq(end),
+            dec.ip_end.eq(ip_end),
+            dec.ip_off.eq(ip_off),
+            dec.udp_off.eq(udp_off),
+            dec.ipv6.eq(is6),
+        ]
+        record = Signal(rec)
+        parsed = {"eth": eth, "vlan": vlan, "ipv4": ip4, "ipv6": ip6, "udp": udp, "bth": bth}
+        for h in H.EXT_HEADERS:
+            parsed[h.name] = unpack_header(h, ext[h.name])
+        for hname, fields in parsed.items():
+            for fname, value in fields.items():
+                m.d.comb += record[f"{hname}_{fname}"].eq(value)
+        m.d.comb += [
+            record.vlan.eq(vlan_p),
+            record.ipv6.eq(is6),
+            record.roce.eq(roce),
+            record.ipv4_options.eq(options),
+            record.payload_len.eq(Mux(roce, plen_wide, 0)),
+            dec_fifo.w_en.eq(decode),
+            dec_fifo.w_data.eq(dec),
+            rec_fifo.w_en.eq(decode),
+            rec_fifo.w_data.eq(record),
+        ]
+
+        # ---------------------------------------------------------------- stage B: stream
+        d = Decision(dec_fifo.r_data)
+        cur = Signal(beat)
+        cur_valid = Signal()
+        nxt = beat(data_fifo.r_data)
+        b_idx = Signal(range(1 << (POS_BITS - lg)))
+        base = Signal(POS_BITS)
+        m.d.comb += base.eq(b_idx * B)
+        crc = Signal(32)
+        icrc_rx = Signal(32)
+        fin = Signal(beat)
+        fin_valid = Signal()
+
+        o_beat = Signal(beat)
+        o_valid = Signal()
+        o_crc = Signal(32)
+        o_k = Signal(range(B))
+        o_icrc = Signal(32)
+        o_reason = Signal(DropReason)
+        o_len_err = Signal()
+        o_check = Signal()
+        o_frame_len = Signal(MAX_FRAME_BITS)
+
+        o_free = ~o_valid | self.o.ready
+        proc = cur_valid & dec_fifo.r_rdy & (cur.last | data_fifo.r_rdy) & o_free
+        load = (proc | ~cur_valid) & data_fifo.r_rdy
+        m.d.comb += data_fifo.r_en.eq(load)
+        with m.If(load):
+            m.d.sync += [cur.eq(nxt), cur_valid.eq(1)]
+        with m.Elif(proc):
+            m.d.sync += cur_valid.eq(0)
+
+        # Payload re-alignment: output beat k holds bytes [L + kB, L + (k+1)B) of the frame.
+        shift = d.hlen[:lg] if lg else Const(0, 1)
+        first_beat = d.hlen[lg:] if lg else d.hlen
+        k_out = Signal(range(-(1 << 8), 1 << (POS_BITS - lg)))
+        m.d.comb += k_out.eq(b_idx - first_beat)
+        remaining = Signal(range(-(1 << POS_BITS), 1 << POS_BITS))
+        m.d.comb += remaining.eq(d.plen - k_out * B)
+        shifted = materialize(
+            m, Cat(cur.data, nxt.data).bit_select(shift * 8, B * 8) if lg else cur.data, "shifted")
+        cand = Signal(beat)
+        m.d.comb += [
+            cand.keep.eq(Cat(*((remaining > b) for b in range(B)))),
+            cand.data.eq(shifted & Cat(*(cand.keep[b].replicate(8) for b in range(B)))),
+        ]
+        cand_emit = materialize(m, (k_out >= 0) & (remaining > 0), "cand_emit")
+        cand_final = materialize(m, remaining <= B, "cand_final")
+
+        # ICRC over the masked beat; the received ICRC captured as it passes.
+        lanes = IcrcLanes(m, cur.data, base, d.ip_off, d.udp_off, d.ipv6, d.end, B, name="rx_icrc")
+        crc_next = Signal(32)
+        m.d.comb += crc_next.eq(Mux(lanes.update, lanes.step(crc, b_idx == 0), crc))
+        cap_eq, icrc_next = icrc_capture(icrc_rx, cur.data, base, d.end, B)
+        m.d.comb += cap_eq
+        frame_len = Signal(POS_BITS)
+        m.d.comb += frame_len.eq(base + sum(cur.keep[b] for b in range(B)))
+        too_long = frame_len > Mux(d.ip_end > 60, d.ip_end, 60)
+        len_err = ~d.raw & ((frame_len < d.ip_end) | too_long)
+
+        emit = Signal()
+        out = Signal(beat)
+        with m.If(d.raw):
+            m.d.comb += [emit.eq(1), out.eq(cur)]
+        with m.Elif(cur.last):
+            m.d.comb += [emit.eq(1), out.last.eq(1)]
+            with m.If(fin_valid):
+                m.d.comb += [out.data.eq(fin.data), out.keep.eq(fin.keep)]
+            with m.Elif(cand_emit):
+                m.d.comb += [out.data.eq(cand.data), out.keep.eq(cand.keep)]
+        with m.Elif(cand_emit & ~cand_final):
+            m.d.comb += [emit.eq(1), out.data.eq(cand.data), out.keep.eq(cand.keep)]
+
+        with m.If(proc):
+            m.d.sync += [crc.eq(crc_next), icrc_rx.eq(icrc_next)]
+            with m.If(cur.last):
+                m.d.sync += [b_idx.eq(0), fin_valid.eq(0)]
+            with m.Else():
+                m.d.sync += b_idx.eq(b_idx + 1)
+                with m.If(~d.raw & cand_emit & cand_final):
+                    m.d.sync += [fin.eq(cand), fin_valid.eq(1)]
+            with m.If(cur.last):
+                m.d.sync += [
+                    o_crc.eq(crc_next),
+                    o_icrc.eq(icrc_next),
+                    o_k.eq(lanes.k),
+                    o_reason.eq(d.reason),
+                    o_len_err.eq(len_err),
+                    o_check.eq(~d.raw),
+                    o_frame_len.eq(frame_len),
+                ]
+        m.d.comb += dec_fifo.r_en.eq(proc & cur.last)
+
+        with m.If(proc & emit):
+            m.d.sync += [o_valid.eq(1), o_beat.eq(out)]
+        with m.Elif(self.o.ready):
+            m.d.sync += o_valid.eq(0)
+
+        # ---------------------------------------------------------------- output and verdict
+        icrc_bad = icrc_finish(m, o_crc, o_k, B, name="rx_icrc_fin") != o_icrc
+        verdict = Signal(DropReason)
+        with m.If(o_len_err | (o_reason == DropReason.MALFORMED)):
+            m.d.comb += verdict.eq(DropReason.MALFORMED)
+        with m.Elif(o_reason != DropReason.NONE):
+            m.d.comb += verdict.eq(o_reason)
+        with m.Elif(o_check & icrc_bad):
+            m.d.comb += verdict.eq(DropReason.ICRC)
+        m.d.comb += [
+            self.o.valid.eq(o_valid),
+            self.o.payload.eq(o_beat),
+            self.o_meta.eq(rec_fifo.r_data),
+            self.o_meta.frame_len.eq(o_frame_len),
+            self.o_meta.drop.eq(verdict != DropReason.NONE),
+            self.o_meta.reason.eq(verdict),
+            rec_fifo.r_en.eq(self.o.valid & self.o.ready & o_beat.last),
+        ]
+        return m
+

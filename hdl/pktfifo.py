@@ -1,0 +1,91 @@
+"""Store-and-forward packet FIFO that commits or discards each frame at its last beat.
+
+Why by hand: ``amaranth.lib.fifo`` queues words, but a receive path must be able to forget a
+frame whose verdict (bad ICRC, bad checksum, ...) arrives with its last beat, after its other
+beats were already written. This FIFO keeps a committed write pointer and rolls the write
+pointer back to it for a discarded frame; the reader only ever sees committed frames.
+
+Ports:
+  ``i``           in   stream of beats (``beat_layout``).
+  ``i_drop``      in   sampled with the last beat of a frame: discard the frame.
+  ``i_overflow``  out  the frame being written does not fit (it is longer than the FIFO); it
+                       is accepted and discarded, and this is high with its last beat.
+  ``o``           out  stream of beats of committed frames, in order.
+
+Parameters: ``layout`` (beat layout with a ``last`` field), ``depth`` (power of two, beats).
+Throughput: one beat per clock in and out. Latency: a committed frame's first beat is on ``o``
+2 cycles after its last beat was written.
+"""
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["PacketFifo"]
+
+
+class PacketFifo(wiring.Component):
+    def __init__(self, layout, depth):
+        assert depth >= 2 and depth & (depth - 1) == 0
+        self.layout = layout
+        self.depth = depth
+        super().__init__({
+            "i": In(stream.Signature(layout)),
+            "i_drop": In(1),
+            "i_overflow": Out(1),
+            "o": Out(stream.Signature(layout)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        D = self.depth
+        aw = (D - 1).bit_length()
+        m.submodules.mem = mem = Memory(shape=self.layout, depth=D, init=[])
+        wr = mem.write_port()
+        rd = mem.read_port(domain="sync")
+
+        # Pointers carry one extra bit so that full and empty differ.
+        wp = Signal(aw + 1)      # next entry to write
+        cp = Signal(aw + 1)      # end of the last committed frame
+        rp = Signal(aw + 1)      # next entry to read from memory
+        full = (wp - rp)[:aw + 1] == D
+        # Everything stored belongs to the frame still being written: nothing can drain, so a
+        # full FIFO means this frame is too long. Accept and discard the rest of it.
+        stuck = full & (rp == cp)
+        overflow = Signal()
+
+        accept = self.i.valid & self.i.ready
+        m.d.comb += [
+            self.i.ready.eq(~full | stuck | overflow),
+            wr.addr.eq(wp[:aw]),
+            wr.data.eq(self.i.payload),
+            wr.en.eq(accept & ~full & ~overflow),
+            self.i_overflow.eq(overflow | (accept & stuck)),
+        ]
+        with m.If(accept):
+            with m.If(self.i.payload.last):
+                m.d.sync += overflow.eq(0)
+                with m.If(self.i_drop | self.i_overflow):
+                    m.d.sync += wp.eq(cp)
+                with m.Else():
+                    m.d.sync += [wp.eq(wp + 1), cp.eq(wp + 1)]
+            with m.Elif(stuck | overflow):
+                m.d.sync += overflow.eq(1)
+            with m.Else():
+                m.d.sync += wp.eq(wp + 1)
+
+        o_valid = Signal()
+        advance = ~o_valid | self.o.ready
+        fetch = advance & (rp != cp)
+        m.d.comb += [
+            rd.addr.eq(rp[:aw]),
+            rd.en.eq(fetch),
+            self.o.valid.eq(o_valid),
+            self.o.payload.eq(rd.data),
+        ]
+        with m.If(fetch):
+            m.d.sync += rp.eq(rp + 1)
+        with m.If(advance):
+            m.d.sync += o_valid.eq(fetch)
+        return m

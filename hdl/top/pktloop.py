@@ -1,0 +1,132 @@
+# Ref: IBTA Vol 1 Annex A17 (RoCEv2)
+"""``stellar_pktloop``: the packet engine in loopback, the contract later tests rely on.
+
+    s_axis_rx -> Parser -> PacketFifo (drop on verdict) -> Deparser -> m_axis_tx
+                    |         record FIFO ------------------^
+                    +-> counters (CSR bank on s_axil)
+
+A valid RoCEv2 frame is parsed into a header record and a payload stream and rebuilt by the
+deparser: what leaves is the frame that entered, byte for byte, with lengths, IPv4 checksum and
+ICRC recomputed. A non-RoCE frame leaves unchanged. A frame the parser marks (bad ICRC, bad IPv4
+checksum, malformed, unknown opcode) is dropped and counted. The receive buffer is store and
+forward (a frame is only sent once its verdict is known), so the loopback latency is the frame
+length plus a constant; the parser and deparser themselves have fixed latency.
+
+Verilog ports (single-underscore AXI names, DESIGN.md): ``clk``, ``rst``,
+``s_axis_rx_{tdata,tkeep,tlast,tvalid,tready}``, ``m_axis_tx_{...}``, ``s_axil_*`` (AXI4-Lite,
+32-bit data, 16-bit address; register map in ``stellar.hdl.regmap``).
+
+``python -m stellar.hdl.top.pktloop --width 64|512 -o build/verilog`` writes the Verilog.
+"""
+
+import argparse
+from pathlib import Path
+
+from amaranth.back import verilog
+from amaranth.hdl import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from ..axil import AxiLiteSignature, FlatPorts
+from ..axis import AxiStreamSignature, axis_to_stream, stream_to_axis
+from ..csr import AxiLiteCsrBank
+from ..net.deparser import Deparser
+from ..net.layout import DropReason, beat_layout, record_layout
+from ..net.parser import Parser
+from ..pktfifo import PacketFifo
+from ..regmap import REGMAP, pktengine_config
+
+__all__ = ["PacketLoopback", "TOP_NAME", "RX_BUFFER_BYTES", "convert"]
+
+TOP_NAME = "stellar_pktloop"
+RX_BUFFER_BYTES = 16384   # holds a 9000-byte jumbo frame and the next frame behind it
+
+
+class PacketLoopback(wiring.Component):
+    """Parser -> drop-on-verdict receive buffer -> deparser, with the pktengine counters.
+
+    Ports: ``s_axis_rx`` (In AXI4-Stream), ``m_axis_tx`` (Out AXI4-Stream), ``s_axil``
+    (AXI4-Lite CSR bus). Parameters: ``data_width`` (64 or 512).
+    """
+
+    def __init__(self, data_width=64):
+        self.data_width = data_width
+        super().__init__({
+            "s_axis_rx": In(AxiStreamSignature(data_width)),
+            "m_axis_tx": Out(AxiStreamSignature(data_width)),
+            "s_axil": In(AxiLiteSignature(16)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.data_width
+        m.submodules.parser = parser = Parser(W)
+        m.submodules.rxbuf = rxbuf = PacketFifo(beat_layout(W), RX_BUFFER_BYTES // (W // 8))
+        m.submodules.records = records = SyncFIFOBuffered(width=record_layout().size, depth=16)
+        m.submodules.deparser = deparser = Deparser(W)
+        m.submodules.csr = csr = AxiLiteCsrBank(REGMAP)
+        wiring.connect(m, wiring.flipped(self.s_axil), csr.s_axil)
+
+        m.d.comb += axis_to_stream(self.s_axis_rx, parser.i)
+
+        meta = parser.o_meta
+        last = parser.o.valid & parser.o.ready & parser.o.payload.last
+        m.d.comb += [
+            rxbuf.i.valid.eq(parser.o.valid),
+            rxbuf.i.payload.eq(parser.o.payload),
+            rxbuf.i_drop.eq(meta.drop),
+            # A frame's record may only be queued with its last beat, so both must have room.
+            parser.o.ready.eq(rxbuf.i.ready & records.w_rdy),
+            records.w_en.eq(last & ~meta.drop & ~rxbuf.i_overflow),
+            records.w_data.eq(meta),
+        ]
+        wiring.connect(m, rxbuf.o, deparser.i)
+        m.d.comb += [
+            deparser.i_meta.valid.eq(records.r_rdy),
+            deparser.i_meta.payload.eq(records.r_data),
+            records.r_en.eq(deparser.i_meta.ready),
+        ]
+        m.d.comb += stream_to_axis(deparser.o, self.m_axis_tx)
+
+        ecn = Signal(2)
+        m.d.comb += ecn.eq(meta.ipv4_ecn)
+        with m.If(meta.ipv6):
+            m.d.comb += ecn.eq(meta.ipv6_ecn)
+        pe = csr.pktengine
+        dropped = meta.drop | rxbuf.i_overflow
+        m.d.comb += [
+            pe.config.eq(pktengine_config(W)),
+            pe.rx_frames_inc.eq(last),
+            pe.rx_roce_inc.eq(last & meta.roce),
+            pe.rx_non_roce_inc.eq(last & ~meta.roce),
+            pe.rx_ecn_ce_inc.eq(last & meta.roce & ~dropped & (ecn == 3)),
+            pe.rx_drop_icrc_inc.eq(last & (meta.reason == DropReason.ICRC)),
+            pe.rx_drop_ip_checksum_inc.eq(last & (meta.reason == DropReason.IP_CHECKSUM)),
+            pe.rx_drop_malformed_inc.eq(last & (meta.reason == DropReason.MALFORMED)),
+            pe.rx_drop_opcode_inc.eq(last & (meta.reason == DropReason.OPCODE)),
+            pe.rx_drop_overflow_inc.eq(last & ~meta.drop & rxbuf.i_overflow),
+            pe.tx_frames_inc.eq(self.m_axis_tx.tvalid & self.m_axis_tx.tready & self.m_axis_tx.tlast),
+        ]
+        return m
+
+
+def convert(data_width=64):
+    """Verilog text of ``stellar_pktloop`` at ``data_width``."""
+    return verilog.convert(FlatPorts(PacketLoopback(data_width)), name=TOP_NAME)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m stellar.hdl.top.pktloop",
+                                 description="Write the stellar_pktloop Verilog top.")
+    ap.add_argument("--width", type=int, default=64, choices=(64, 512), help="data width in bits")
+    ap.add_argument("-o", "--output", default="build/verilog", help="output folder")
+    args = ap.parse_args(argv)
+    out = Path(args.output) / f"{TOP_NAME}_w{args.width}.v"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(convert(args.width))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
