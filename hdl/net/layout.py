@@ -34,8 +34,8 @@ Beat = beat_layout
 
 
 class DropReason(enum.IntEnum, shape=3):
-    """Why the parser marks a frame to be dropped; one reason per frame, by precedence
-    MALFORMED > OPCODE > IP_CHECKSUM > ICRC (the first fault that makes the rest meaningless)."""
+    """Why the parser marks a frame to be dropped; one reason per frame (the order of the checks
+    that decides it is in ``stellar.hdl.net.parser``)."""
     NONE = 0
     ICRC = 1
     IP_CHECKSUM = 2

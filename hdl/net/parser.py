@@ -32,15 +32,17 @@ its first beat entered (B = data_width/8: 19 cycles at 64 bits, 5 at 512 bits), 
 frame shorter than the window. Throughput: one beat per clock, back-to-back frames without
 bubbles; backpressure on ``o`` stalls ``i`` without loss.
 
-Verdicts (``DropReason``, one per frame, by precedence):
-  MALFORMED   IPv4 ethertype with version != 4 or IHL < 5; IPv6 ethertype with version != 6;
-              for RoCEv2: TVer != 0, an IPv4 fragment, UDP length != IP length - IP header,
-              payload + pad not a multiple of 4, pad or payload on an opcode that carries none,
-              frame shorter than the IP length says (truncated) or longer than
-              max(60, IP end) (trailing bytes that are not Ethernet padding).
-  OPCODE      a BTH opcode that is not RC, UC, UD (IBTA) or CNP.
-  IP_CHECKSUM bad IPv4 header checksum on a RoCEv2 frame.
-  ICRC        bad ICRC.
+Verdicts (``DropReason``, one per frame; the first failing check in this order names it):
+  1. MALFORMED    IPv4 ethertype with version != 4 or IHL < 5; IPv6 ethertype with version != 6;
+                  an IP frame that ends inside its IP packet (truncated); for RoCEv2: bytes past
+                  max(60, IP end) (not Ethernet padding), an IPv4 fragment, UDP length != IP
+                  payload length, no room for BTH and ICRC.
+  2. IP_CHECKSUM  bad IPv4 header checksum on a RoCEv2 frame.
+  3. ICRC         bad ICRC (once it fails, no transport header bit can be trusted).
+  4. MALFORMED    BTH TVer != 0.
+  5. OPCODE       a BTH opcode that is not RC, UC, UD (IBTA) or CNP.
+  6. MALFORMED    extension headers, pad and ICRC do not fit; payload + pad not a multiple of 4;
+                  pad or payload on an opcode that carries none.
 Non-RoCE frames (not IPv4/IPv6 UDP to port 4791) pass unchanged unless MALFORMED above.
 """
 
@@ -113,7 +115,10 @@ def ext_length(m, opcode, name="ext_len"):
 
 class Decision(data.Struct):
     raw: 1                       # pass the frame through unchanged
-    reason: DropReason           # header verdict (lengths are checked in stage B)
+    ip: 1                        # an IPv4/IPv6 frame: it must not end inside its IP packet
+    framing_bad: 1               # MALFORMED before anything else (frame length: stage B)
+    csum_bad: 1                  # IPv4 header checksum (RoCEv2 frames)
+    late: DropReason             # after the ICRC check: TVer, opcode, opcode lengths
     hlen: 7                      # header bytes before the payload (L)
     plen: MAX_FRAME_BITS         # payload bytes (P)
     end: POS_BITS                # absolute offset of the ICRC (E)
@@ -225,27 +230,36 @@ class Parser(wiring.Component):
         opcode = materialize(m, bth["opcode"], "opcode")
         plen_wide = Signal(POS_BITS + 1)
         m.d.comb += plen_wide.eq(end - hlen - pad)
-        len_bad = (
-            (ip_end < hlen + pad + 4)                             # header + pad + ICRC do not fit
+        # Checks in the order that names a frame's verdict (sim/packets.py documents the same
+        # order for the golden model): framing first, since without it nothing can be located;
+        # then the IPv4 checksum; then the ICRC (stage B), which outranks every BTH-level fault
+        # because once it fails no transport header bit can be trusted; then TVer, the opcode
+        # and the opcode-dependent lengths.
+        framing_bad = v4_bad | v6_bad | (roce & (
+            (is4 & frag)
             | (udp["length"] != ip_len - (udp_off - ip_off))
+            | (ip_end < udp_off + H.UDP.size + H.BTH.size + 4)))    # no room for BTH + ICRC
+        csum_bad = roce & is4 & ~ipv4_checksum_ok(ipwin, ihl)
+        transport_bad = (
+            (ip_end < hlen + pad + 4)                             # ext headers + pad + ICRC
             | (op_known & ((end - hlen)[:2] != 0))                # payload + pad not 4-aligned
             | (plen_wide >= (1 << MAX_FRAME_BITS))
-            | (op_known & ~op_payload & ((pad != 0) | (end != hlen)))
-        )
-        malformed = v4_bad | v6_bad | (roce & ((bth["tver"] != 0) | (is4 & frag) | len_bad))
-        csum_ok = ipv4_checksum_ok(ipwin, ihl)
-        reason = Signal(DropReason)
-        with m.If(malformed):
-            m.d.comb += reason.eq(DropReason.MALFORMED)
-        with m.Elif(roce & ~op_known):
-            m.d.comb += reason.eq(DropReason.OPCODE)
-        with m.Elif(roce & is4 & ~csum_ok):
-            m.d.comb += reason.eq(DropReason.IP_CHECKSUM)
+            | (op_known & ~op_payload & ((pad != 0) | (end != hlen))))
+        late = Signal(DropReason)
+        with m.If(bth["tver"] != 0):
+            m.d.comb += late.eq(DropReason.MALFORMED)
+        with m.Elif(~op_known):
+            m.d.comb += late.eq(DropReason.OPCODE)
+        with m.Elif(transport_bad):
+            m.d.comb += late.eq(DropReason.MALFORMED)
 
         dec = Signal(Decision)
         m.d.comb += [
             dec.raw.eq(~roce),
-            dec.reason.eq(reason),
+            dec.framing_bad.eq(framing_bad),
+            dec.csum_bad.eq(csum_bad),
+            dec.late.eq(Mux(roce, late, DropReason.NONE)),
+            dec.ip.eq((is4 & ~v4_bad) | (is6 & ~v6_bad)),
             dec.hlen.eq(Mux(roce, hlen, 0)),
             dec.plen.eq(plen_wide),
             dec.end.eq(end),
@@ -291,8 +305,9 @@ class Parser(wiring.Component):
         o_crc = Signal(32)
         o_k = Signal(range(B))
         o_icrc = Signal(32)
-        o_reason = Signal(DropReason)
-        o_len_err = Signal()
+        o_framing = Signal()
+        o_csum = Signal()
+        o_late = Signal(DropReason)
         o_check = Signal()
         o_frame_len = Signal(MAX_FRAME_BITS)
 
@@ -331,7 +346,7 @@ class Parser(wiring.Component):
         frame_len = Signal(POS_BITS)
         m.d.comb += frame_len.eq(base + sum(cur.keep[b] for b in range(B)))
         too_long = frame_len > Mux(d.ip_end > 60, d.ip_end, 60)
-        len_err = ~d.raw & ((frame_len < d.ip_end) | too_long)
+        len_err = (d.ip & (frame_len < d.ip_end)) | (~d.raw & too_long)
 
         emit = Signal()
         out = Signal(beat)
@@ -359,8 +374,9 @@ class Parser(wiring.Component):
                     o_crc.eq(crc_next),
                     o_icrc.eq(icrc_next),
                     o_k.eq(lanes.k),
-                    o_reason.eq(d.reason),
-                    o_len_err.eq(len_err),
+                    o_framing.eq(d.framing_bad | len_err),
+                    o_csum.eq(d.csum_bad),
+                    o_late.eq(d.late),
                     o_check.eq(~d.raw),
                     o_frame_len.eq(frame_len),
                 ]
@@ -374,12 +390,14 @@ class Parser(wiring.Component):
         # ---------------------------------------------------------------- output and verdict
         icrc_bad = icrc_finish(m, o_crc, o_k, B, name="rx_icrc_fin") != o_icrc
         verdict = Signal(DropReason)
-        with m.If(o_len_err | (o_reason == DropReason.MALFORMED)):
+        with m.If(o_framing):
             m.d.comb += verdict.eq(DropReason.MALFORMED)
-        with m.Elif(o_reason != DropReason.NONE):
-            m.d.comb += verdict.eq(o_reason)
+        with m.Elif(o_csum):
+            m.d.comb += verdict.eq(DropReason.IP_CHECKSUM)
         with m.Elif(o_check & icrc_bad):
             m.d.comb += verdict.eq(DropReason.ICRC)
+        with m.Else():
+            m.d.comb += verdict.eq(o_late)
         m.d.comb += [
             self.o.valid.eq(o_valid),
             self.o.payload.eq(o_beat),

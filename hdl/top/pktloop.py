@@ -65,6 +65,7 @@ class PacketLoopback(wiring.Component):
         m.submodules.rxbuf = rxbuf = PacketFifo(beat_layout(W), RX_BUFFER_BYTES // (W // 8))
         m.submodules.records = records = SyncFIFOBuffered(width=record_layout().size, depth=16)
         m.submodules.deparser = deparser = Deparser(W)
+        self._parts = (parser, rxbuf, records, deparser)   # for white-box simulation probes
         m.submodules.csr = csr = AxiLiteCsrBank(REGMAP)
         wiring.connect(m, wiring.flipped(self.s_axil), csr.s_axil)
 
@@ -73,10 +74,11 @@ class PacketLoopback(wiring.Component):
         meta = parser.o_meta
         last = parser.o.valid & parser.o.ready & parser.o.payload.last
         m.d.comb += [
-            rxbuf.i.valid.eq(parser.o.valid),
+            # A frame's record is queued with its last beat, so a beat moves only when both the
+            # buffer and the record FIFO have room (valid and ready both gated: no duplicates).
+            rxbuf.i.valid.eq(parser.o.valid & records.w_rdy),
             rxbuf.i.payload.eq(parser.o.payload),
             rxbuf.i_drop.eq(meta.drop),
-            # A frame's record may only be queued with its last beat, so both must have room.
             parser.o.ready.eq(rxbuf.i.ready & records.w_rdy),
             records.w_en.eq(last & ~meta.drop & ~rxbuf.i_overflow),
             records.w_data.eq(meta),
