@@ -223,16 +223,21 @@ async def sim_trace(dut):
     await tb.reset()
     frames = packets.read_pcap(os.environ["STELLAR_TB_TRACE"])
     out_dir = Path(os.environ["STELLAR_TB_OUT"])
-    stats = {"rx_beats": 0, "tx_beats": 0, "cycles": 0, "first_rx": [], "first_tx": []}
+    stats = {"rx_beats": 0, "tx_beats": 0, "first_rx": [], "first_tx": [], "last_rx": 0,
+             "rx_stall": 0}
 
     async def monitor():
+        # One sample per clock edge: exact cycle counts for beats per cycle and latency.
         rx_first, tx_first, cycle = True, True, 0
         d = tb.dut
         while True:
             await RisingEdge(d.clk)
             cycle += 1
+            if d.s_axis_rx_tvalid.value and not d.s_axis_rx_tready.value:
+                stats["rx_stall"] += 1
             if d.s_axis_rx_tvalid.value and d.s_axis_rx_tready.value:
                 stats["rx_beats"] += 1
+                stats["last_rx"] = cycle
                 if rx_first:
                     stats["first_rx"].append(cycle)
                 rx_first = bool(d.s_axis_rx_tlast.value)
@@ -241,12 +246,7 @@ async def sim_trace(dut):
                 if tx_first:
                     stats["first_tx"].append(cycle)
                 tx_first = bool(d.m_axis_tx_tlast.value)
-            if stats["first_rx"] and stats["rx_beats"] and not stats.get("rx_done"):
-                stats["cycles"] = cycle - stats["first_rx"][0] + 1
-            if rx_first and stats["first_rx"] and stats["rx_beats"] == stats.get("rx_total"):
-                stats["rx_done"] = True
 
-    stats["rx_total"] = sum(-(-len(f) // tb.nbytes) for f in frames)
     cocotb.start_soon(monitor())
     for f in frames:
         await tb.source.send(AxiStreamFrame(f))
@@ -270,7 +270,8 @@ async def sim_trace(dut):
         "frames_out": len(out),
         "counters": await tb.counters(),
         "rx_beats": stats["rx_beats"],
-        "rx_cycles": stats["cycles"],
+        "rx_stall_cycles": stats["rx_stall"],
+        "rx_cycles": stats["last_rx"] - stats["first_rx"][0] + 1 if stats["first_rx"] else 0,
         "tx_beats": stats["tx_beats"],
         "first_rx_cycles": stats["first_rx"],
         "first_tx_cycles": stats["first_tx"],

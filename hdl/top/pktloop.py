@@ -37,10 +37,14 @@ from ..net.parser import Parser
 from ..pktfifo import PacketFifo
 from ..regmap import REGMAP, pktengine_config
 
-__all__ = ["PacketLoopback", "TOP_NAME", "RX_BUFFER_BYTES", "convert"]
+__all__ = ["PacketLoopback", "TOP_NAME", "RX_BUFFER_BYTES", "convert", "verilog_top"]
 
 TOP_NAME = "stellar_pktloop"
-RX_BUFFER_BYTES = 16384   # holds a 9000-byte jumbo frame and the next frame behind it
+RX_BUFFER_BYTES = 32768   # two 9000-byte jumbo frames: one leaving while the next arrives
+# Header records waiting with their frames. Input and output run at the same rate, so the
+# backlog a jumbo frame leaves behind never drains under full load: every minimum-size frame
+# that arrives while a 9000-byte frame leaves needs a record slot (141 at 64 bytes per beat).
+RECORDS = 256
 
 
 class PacketLoopback(wiring.Component):
@@ -63,7 +67,8 @@ class PacketLoopback(wiring.Component):
         W = self.data_width
         m.submodules.parser = parser = Parser(W)
         m.submodules.rxbuf = rxbuf = PacketFifo(beat_layout(W), RX_BUFFER_BYTES // (W // 8))
-        m.submodules.records = records = SyncFIFOBuffered(width=record_layout().size, depth=16)
+        m.submodules.records = records = SyncFIFOBuffered(width=record_layout().size,
+                                                          depth=RECORDS)
         m.submodules.deparser = deparser = Deparser(W)
         self._parts = (parser, rxbuf, records, deparser)   # for white-box simulation probes
         m.submodules.csr = csr = AxiLiteCsrBank(REGMAP)
@@ -113,9 +118,14 @@ class PacketLoopback(wiring.Component):
         return m
 
 
+def verilog_top(width=64):
+    """The component exported as ``stellar_pktloop``: the loopback with flat AXI port names."""
+    return FlatPorts(PacketLoopback(width))
+
+
 def convert(data_width=64):
     """Verilog text of ``stellar_pktloop`` at ``data_width``."""
-    return verilog.convert(FlatPorts(PacketLoopback(data_width)), name=TOP_NAME)
+    return verilog.convert(verilog_top(data_width), name=TOP_NAME)
 
 
 def main(argv=None):

@@ -8,21 +8,16 @@ import functools
 
 import pytest
 
-from stellar.hdl.top.pktloop import TOP_NAME, PacketLoopback
+from stellar.hdl.top.pktloop import TOP_NAME, verilog_top
 from stellar.sim.runner import run_cocotb, tb_env
 from stellar.sim.verilog import export_verilog, param_slug
-from stellar.hdl.axil import FlatPorts
 
 TESTS = ["ident_registers", "mixed_trace", "captures", "random_roundtrip", "random_corruption"]
 
 
-def pktloop_top(width):
-    return FlatPorts(PacketLoopback(width))
-
-
 @functools.cache
 def verilog_for(width):
-    return export_verilog(TOP_NAME, pktloop_top, {"width": width})
+    return export_verilog(TOP_NAME, verilog_top, {"width": width})
 
 
 @pytest.mark.parametrize("testcase", TESTS)
