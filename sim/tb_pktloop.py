@@ -19,9 +19,14 @@ from pathlib import Path
 
 import cocotb
 from cocotb.triggers import RisingEdge, Timer, with_timeout
-from cocotbext.axi import (AxiLiteBus, AxiLiteMaster, AxiStreamBus, AxiStreamFrame,
-                           AxiStreamSink, AxiStreamSource)
-
+from cocotbext.axi import (
+    AxiLiteBus,
+    AxiLiteMaster,
+    AxiStreamBus,
+    AxiStreamFrame,
+    AxiStreamSink,
+    AxiStreamSource,
+)
 from stellar.hdl.regmap import MAGIC, REGMAP
 
 from . import packets
@@ -88,7 +93,7 @@ async def run_and_check(tb, frames, expects, descs=None):
     kept = [i for i, e in enumerate(expects) if e in (Expect.PASS, Expect.NON_ROCE)]
     wanted = [frames[i] for i in kept]
     got = await tb.collect(len(wanted), tb.timeout_for(frames))
-    for n, (g, w) in enumerate(zip(got, wanted)):
+    for n, (g, w) in enumerate(zip(got, wanted, strict=False)):
         i = kept[n]
         assert g == w, f"input frame {i} ({expects[i]}, {descs[i]}): " + frame_diff(n, g, w)
     assert len(got) == len(wanted), (
@@ -104,17 +109,20 @@ async def run_and_check(tb, frames, expects, descs=None):
     assert delta["rx_drop_overflow"] == 0
     assert delta["rx_roce"] + delta["rx_non_roce"] == len(frames)
     # Frames the golden model calls RoCEv2 and that are not malformed are counted as RoCE.
-    roce_clear = sum(1 for f, e in zip(frames, expects) if e != Expect.MALFORMED and is_rocev2(f))
+    roce_clear = sum(1 for f, e in zip(frames, expects, strict=True)
+                     if e != Expect.MALFORMED and is_rocev2(f))
     nonroce_clear = sum(1 for e in expects if e == Expect.NON_ROCE)
     assert delta["rx_roce"] >= roce_clear and delta["rx_non_roce"] >= nonroce_clear, delta
-    ce = sum(1 for f, e in zip(frames, expects) if e == Expect.PASS and is_rocev2(f) and _ecn(f) == 3)
+    ce = sum(1 for f, e in zip(frames, expects, strict=True)
+             if e == Expect.PASS and is_rocev2(f) and _ecn(f) == 3)
     assert delta["rx_ecn_ce"] == ce, delta
     return delta
 
 
 def frame_diff(index, got, want):
     """A short description of where two frames differ (whole jumbo frames drown a log)."""
-    at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+              min(len(got), len(want)))
     lo = max(0, at - 16)
     return (f"output frame {index} differs at byte {at} (got {len(got)} bytes, want {len(want)}):\n"
             f"  got  [{lo}:] {got[lo:at + 32].hex()}\n  want [{lo}:] {want[lo:at + 32].hex()}\n"

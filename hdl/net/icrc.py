@@ -24,7 +24,8 @@ class IcrcLanes:
     Parameters: ``nbytes`` lanes per beat. Inputs (Values): ``base`` absolute byte offset of
     lane 0, ``ip_off`` (14 or 18), ``udp_off``, ``ipv6``, ``end`` (absolute offset of the first
     ICRC byte). Attributes after construction: ``masked`` (the beat as the CRC must see it),
-    ``update`` (the beat holds CRC bytes), ``k`` (zero bytes padding the end, valid on the beat that holds byte end-1).
+    ``update`` (the beat holds CRC bytes), ``k`` (zero bytes padding the end, valid on the beat
+    that holds byte end-1).
     """
 
     def __init__(self, m, data, base, ip_off, udp_off, ipv6, end, nbytes, name="icrc"):

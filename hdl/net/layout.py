@@ -7,9 +7,8 @@ Byte vectors ("lanes") are little-endian in the lane sense: byte i of a vector i
 are big-endian (network order); ``byteswap`` converts between the two.
 """
 
-from amaranth.lib import data, enum
-
 from amaranth.hdl import Cat, Const, Value
+from amaranth.lib import data, enum
 
 from . import headers as H
 

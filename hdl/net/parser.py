@@ -227,7 +227,6 @@ class Parser(wiring.Component):
         end = Signal(POS_BITS)
         m.d.comb += end.eq(ip_end - 4)
         pad = bth["pad_count"]
-        opcode = materialize(m, bth["opcode"], "opcode")
         plen_wide = Signal(POS_BITS + 1)
         m.d.comb += plen_wide.eq(end - hlen - pad)
         # Checks in the order that names a frame's verdict (sim/packets.py documents the same

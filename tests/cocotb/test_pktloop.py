@@ -7,7 +7,6 @@ width64``...), so the parameter sets run in parallel under pytest-xdist.
 import functools
 
 import pytest
-
 from stellar.hdl.top.pktloop import TOP_NAME, verilog_top
 from stellar.sim.runner import run_cocotb, tb_env
 from stellar.sim.verilog import export_verilog, param_slug
