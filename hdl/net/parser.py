@@ -33,8 +33,9 @@ frame shorter than the window. Throughput: one beat per clock, back-to-back fram
 bubbles; backpressure on ``o`` stalls ``i`` without loss.
 
 Verdicts (``DropReason``, one per frame; the first failing check in this order names it):
-  1. MALFORMED    IPv4 ethertype with version != 4 or IHL < 5; IPv6 ethertype with version != 6;
-                  an IP frame that ends inside its IP packet (truncated); for RoCEv2: bytes past
+  1. MALFORMED    IPv4 ethertype with version != 4, IHL < 5 or total length < IHL * 4; IPv6
+                  ethertype with version != 6; a frame shorter than its Ethernet (+VLAN)
+                  header; an IP frame that ends inside its IP packet (truncated); for RoCEv2: bytes past
                   max(60, IP end) (not Ethernet padding), an IPv4 fragment, UDP length != IP
                   payload length, no room for BTH and ICRC.
   2. IP_CHECKSUM  bad IPv4 header checksum on a RoCEv2 frame.
@@ -198,7 +199,8 @@ class Parser(wiring.Component):
         ihl = ip4["ihl"]
         options = Cat(*(Mux(i < (ihl - 5) * 4, ipwin[160 + 8 * i:168 + 8 * i], 0)
                         for i in range(H.MAX_IPV4_OPTIONS)))
-        v4_bad = materialize(m, is4 & ((ip4["version"] != 4) | (ihl < 5)), "v4_bad")
+        v4_bad = materialize(m, is4 & ((ip4["version"] != 4) | (ihl < 5)
+                                      | (ip4["total_length"] < ihl * 4)), "v4_bad")
         v6_bad = materialize(m, is6 & (ip6["version"] != 6), "v6_bad")
 
         udp_off = Signal(7)
@@ -345,7 +347,8 @@ class Parser(wiring.Component):
         frame_len = Signal(POS_BITS)
         m.d.comb += frame_len.eq(base + sum(cur.keep[b] for b in range(B)))
         too_long = frame_len > Mux(d.ip_end > 60, d.ip_end, 60)
-        len_err = (d.ip & (frame_len < d.ip_end)) | (~d.raw & too_long)
+        len_err = ((frame_len < d.ip_off)                  # shorter than its Ethernet header
+                   | (d.ip & (frame_len < d.ip_end)) | (~d.raw & too_long))
 
         emit = Signal()
         out = Signal(beat)
