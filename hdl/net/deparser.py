@@ -37,7 +37,7 @@ from . import headers as H
 from .crc import icrc_finish, materialize
 from .icrc import IcrcLanes, icrc_overlay
 from .layout import MAX_FRAME_BITS, beat_layout, pack_header, record_layout
-from .parser import HEADER_WINDOW, L4_WINDOW, POS_BITS, UDP_OFFSETS, ext_length, ones_complement_sum
+from .parser import HEADER_WINDOW, L4_WINDOW, POS_BITS, UDP_OFFSETS, ext_length, ipv4_header_sum
 
 __all__ = ["Deparser"]
 
@@ -46,11 +46,7 @@ MIN_FRAME = 60
 
 def ipv4_checksum(ip_lanes, ihl):
     """Header checksum of an IPv4 header (lanes, up to 60 bytes, checksum field zero)."""
-    words = []
-    for w in range(30):
-        be = Cat(ip_lanes[w * 16 + 8:w * 16 + 16], ip_lanes[w * 16:w * 16 + 8])
-        words.append(Mux(w < ihl * 2, be, 0) if w >= 10 else be)
-    return ~ones_complement_sum(words)
+    return ~ipv4_header_sum(ip_lanes, ihl)
 
 
 class FrameLayout(data.Struct):

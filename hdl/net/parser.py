@@ -57,7 +57,7 @@ from .crc import icrc_finish, materialize
 from .icrc import IcrcLanes, icrc_capture
 from .layout import MAX_FRAME_BITS, DropReason, beat_layout, record_layout, unpack_header
 
-__all__ = ["Parser", "HEADER_WINDOW", "ipv4_checksum_ok"]
+__all__ = ["Parser", "HEADER_WINDOW", "ipv4_checksum_ok", "ipv4_header_sum"]
 
 HEADER_WINDOW = 128
 assert H.MAX_HEADER_BYTES <= HEADER_WINDOW
@@ -74,13 +74,18 @@ def ones_complement_sum(words):
     return (folded[:16] + folded[16:])[:16]
 
 
-def ipv4_checksum_ok(ip_lanes, ihl):
-    """True when the IPv4 header (lanes, up to 60 bytes) sums to 0xFFFF over ``ihl`` words."""
+def ipv4_header_sum(ip_lanes, ihl):
+    """One's complement sum of an IPv4 header (lanes, up to 60 bytes) over its ``ihl`` words."""
     words = []
     for w in range(30):
         be = Cat(ip_lanes[w * 16 + 8:w * 16 + 16], ip_lanes[w * 16:w * 16 + 8])
         words.append(Mux(w < ihl * 2, be, 0) if w >= 10 else be)
-    return ones_complement_sum(words) == 0xFFFF
+    return ones_complement_sum(words)
+
+
+def ipv4_checksum_ok(ip_lanes, ihl):
+    """True when the IPv4 header, checksum field included, sums to 0xFFFF (RFC 1071)."""
+    return ipv4_header_sum(ip_lanes, ihl) == 0xFFFF
 
 
 def ext_extract(m, opcode, extv, name_prefix="ext"):
