@@ -27,9 +27,12 @@ Ports:
 
 Parameters: ``data_width`` (64 or 512 bits; any multiple of 64 up to 1024 works).
 
-Latency (no stalls): the first output beat of a frame leaves ``ceil(128/B) + 3`` cycles after
-its first beat entered (B = data_width/8: 19 cycles at 64 bits, 5 at 512 bits), or sooner for a
-frame shorter than the window. Throughput: one beat per clock, back-to-back frames without
+Latency (no stalls): fixed, ``ceil(128/B) + 3`` cycles (B = data_width/8: 19 cycles at 64
+bits, 5 at 512 bits; the ``latency`` attribute) from the input beat that holds the first byte
+of an output beat to that output beat. So the first payload beat of a frame with an L-byte
+header leaves ``latency + L // B`` cycles after the frame's first beat, and a non-RoCE frame
+leaves ``latency`` cycles after it entered. (A frame shorter than the window is decided at its
+last beat, so it can leave sooner.) Throughput: one beat per clock, back-to-back frames without
 bubbles; backpressure on ``o`` stalls ``i`` without loss.
 
 Verdicts (``DropReason``, one per frame; the first failing check in this order names it):
