@@ -345,8 +345,9 @@ def _version(dist):
 
 def _git():
     try:
+        # Asked in the checkout that holds this file, whatever the working directory is.
         rev = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True,
-                             text=True, check=True).stdout.strip()
+                             text=True, check=True, cwd=Path(__file__).resolve().parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         rev = "unknown"
     return rev
