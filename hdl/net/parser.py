@@ -29,11 +29,13 @@ Parameters: ``data_width`` (64 or 512 bits; any multiple of 64 up to 1024 works)
 
 Latency (no stalls): fixed, ``ceil(128/B) + 3`` cycles (B = data_width/8: 19 cycles at 64
 bits, 5 at 512 bits; the ``latency`` attribute) from the input beat that holds the first byte
-of an output beat to that output beat. So the first payload beat of a frame with an L-byte
-header leaves ``latency + L // B`` cycles after the frame's first beat, and a non-RoCE frame
-leaves ``latency`` cycles after it entered. (A frame shorter than the window is decided at its
-last beat, so it can leave sooner.) Throughput: one beat per clock, back-to-back frames without
-bubbles; backpressure on ``o`` stalls ``i`` without loss.
+of an output beat to that output beat -- except the last output beat of a RoCEv2 frame, which
+carries the verdict and so waits for the frame's last input beat (the ICRC): it leaves
+``latency`` cycles after that one. So the first payload beat of a frame with an L-byte header
+leaves ``latency + L // B`` cycles after the frame's first beat (unless it is also the last),
+and every beat of a non-RoCE frame leaves ``latency`` cycles after it entered. (A frame shorter
+than the window is decided at its last beat, so it can leave sooner.) Throughput: one beat per
+clock, back-to-back frames without bubbles; backpressure on ``o`` stalls ``i`` without loss.
 
 Verdicts (``DropReason``, one per frame; the first failing check in this order names it):
   1. MALFORMED    IPv4 ethertype with version != 4, IHL < 5 or total length < IHL * 4; IPv6
