@@ -26,7 +26,6 @@ from stellar.sim.amaranth_streams import (
     seeded_rng,
     simulate,
 )
-from stellar.sim.packets import Expect
 
 WIDTHS = [64, 512]
 RECORD = record_layout()
@@ -141,7 +140,7 @@ def test_rebuilds_scapy_frames(width, seed):
         assert payload == kw["payload"]
         cases.append((frame, f"{H.opcode_name(opcode)} payload {payload_len}"))
         jobs.append((record_bits(rec, rng), payload))
-        if n % 5 == 0:
+        if n % 6 == 0:
             t = P.non_roce_frame(rng.choice(sorted(P.NON_ROCE_KINDS)), rng, vlan=rng.random() < 0.5)
             while len(t.frame) > (80 if width == 64 else 300):
                 t = P.non_roce_frame(rng.choice(sorted(P.NON_ROCE_KINDS)), rng)
@@ -149,15 +148,14 @@ def test_rebuilds_scapy_frames(width, seed):
             jobs.append(job(t.frame, rng, roce=False))
         padded |= ip_end(frame) < len(frame) == 60
     assert padded, "no RoCEv2 frame needed Ethernet padding"
-    _, _, _, _, got = run_deparser(width, jobs, rng, p_valid=0.85, p_ready=0.75)
+    _, _, _, _, got = run_deparser(width, jobs, rng, p_valid=0.9, p_ready=0.8)
     check_frames(cases, got)
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_rebuilds_real_captures_and_trace(width):
+def test_rebuilds_real_captures_and_jumbo(width):
     """Frames recorded from real RoCE NICs (their ICRCs were computed by the NICs), one per
-    kind and length, and at 512 bits the valid and non-RoCE frames of the make-sim trace:
-    rebuilt byte for byte."""
+    kind and length, and at 512 bits a jumbo frame: rebuilt byte for byte."""
     seed = run_seeds([2])[0]
     rng = seeded_rng(f"deparser-captures-{width}", seed)
     cases, seen = [], set()
@@ -169,8 +167,9 @@ def test_rebuilds_real_captures_and_trace(width):
             seen.add(key)
             cases.append((f, captures.is_rocev2(f), f"{name} frame {i + 1}"))
     if width == 512:
-        cases += [(t.frame, t.expect == Expect.PASS, t.desc) for t in P.mixed_trace(seed, 20)
-                  if t.expect in (Expect.PASS, Expect.NON_ROCE) and len(t.frame) <= 1600]
+        jumbo = P.random_roce(rng, 0x0A, ipv6=True, vlan=(2, 7),
+                              payload_len=P.max_payload(0x0A, ipv6=True))
+        cases.append((P.roce_frame(**jumbo), True, "9000-byte IPv6 packet"))
     rng.shuffle(cases)
     jobs = [job(f, rng, roce) for f, roce, _ in cases]
     _, _, _, _, got = run_deparser(width, jobs, rng, p_valid=0.8, p_ready=0.7)
@@ -186,14 +185,15 @@ def test_no_bubbles_and_latency(width):
     cases = []
     for n in range(8):
         ipv6, vlan, nopt = SHAPES[n % len(SHAPES)]
-        if n % 5 == 4:
-            t = P.non_roce_frame(("arp", "ipv4_icmp", "other_ethertype")[n % 3], rng)
+        if n % 4 == 3:
+            t = P.non_roce_frame(("arp", "ipv4_icmp")[n // 4], rng)
             cases.append((t.frame, False))
             continue
         kw = P.random_roce(rng, rng.choice((0x04, 0x0A, 0x11, 0x64, 0x81, 0x13)), ipv6=ipv6,
                            vlan=vlan, ip_options=P.ip_options_of_length(nopt, rng) if nopt else b"")
         if H.OPCODES[kw["opcode"]].payload:
-            kw["payload"] = rng.randbytes(rng.choice((0, 1, 7, 64 if width > 64 else 20, 150 if width > 64 else 30)))
+            sizes = (0, 1, 7, 64, 150) if width > 64 else (0, 1, 7, 20, 30)
+            kw["payload"] = rng.randbytes(rng.choice(sizes))
         cases.append((P.roce_frame(**kw), True))
     jobs = [job(f, rng, roce) for f, roce in cases]
     _, meta, _, sink, got = run_deparser(width, jobs, rng)

@@ -261,9 +261,17 @@ def verdict_trace(rng, width):
             while width == 64 and len(t.frame) > 300:     # keep 64-bit runs short
                 t = P.non_roce_frame(kind, rng, vlan=vlan)
             out.append((t.frame, t.expect, t.desc, None))
+    # Runts: shorter than the Ethernet header, or than the 802.1Q tag it announces, are
+    # malformed (no EtherType to classify them by); one byte more and they are plain non-IP.
+    for n in rng.sample(range(1, 14), 4):
+        out.append((rng.randbytes(n), Expect.MALFORMED, f"{n}-byte runt", None))
+    out += [(rng.randbytes(12) + b"\x88\xb5", Expect.NON_ROCE, "14-byte non-IP frame", None),
+            (rng.randbytes(12) + b"\x81\x00\x20\x01", Expect.MALFORMED, "cut in the VLAN tag", None),
+            (rng.randbytes(12) + b"\x81\x00\x20\x01\x88\xb5", Expect.NON_ROCE,
+             "18-byte tagged non-IP frame", None)]
     for _ in range(len(out) // 3):
-        kw = P.random_roce(rng, payload_len=0)
-        kw = P.random_roce(rng, kw["opcode"], payload_len=small_payload_len(rng, kw["opcode"], width))
+        opcode = rng.choice(list(H.OPCODES))
+        kw = P.random_roce(rng, opcode, payload_len=small_payload_len(rng, opcode, width))
         out.append((P.roce_frame(**kw), Expect.PASS, "valid", kw["payload"]))
     rng.shuffle(out)
     return out
@@ -272,8 +280,9 @@ def verdict_trace(rng, width):
 @pytest.mark.parametrize("seed", run_seeds([2]))
 @pytest.mark.parametrize("width", WIDTHS)
 def test_verdicts_and_non_roce_passthrough(width, seed):
-    """Every corruption kind of sim.packets gets the DropReason of its label; non-RoCE frames
-    come out byte for byte; valid frames in between keep their payload (no desync)."""
+    """Every corruption kind of sim.packets gets the DropReason of its label, runts are
+    malformed; non-RoCE frames come out byte for byte; valid frames in between keep their
+    payload (no desync)."""
     rng = seeded_rng(f"parser-verdicts-{width}", seed)
     trace = verdict_trace(rng, width)
     _, _, _, got = run_parser(width, [t[0] for t in trace], rng, p_valid=0.8, p_ready=0.7)
@@ -322,10 +331,11 @@ def test_real_captures_and_mixed_trace(width):
 
 @pytest.mark.parametrize("width", WIDTHS)
 def test_line_rate_and_documented_latency(width):
-    """Back to back, no gaps, ready always high: one beat accepted every clock, non-RoCE frames
-    leave without bubbles, and every output beat leaves ``Parser.latency`` cycles after the
-    input beat holding its first byte (the last beat of a RoCEv2 frame, which carries the
-    verdict: ``latency`` cycles after the frame's last input beat)."""
+    """Back to back, no gaps, ready always high, frames longer than the header window then
+    minimum-size ones: one beat accepted every clock, non-RoCE frames leave without bubbles,
+    and every output beat of a long frame leaves ``Parser.latency`` cycles after the input beat
+    holding its first byte (the last beat of a RoCEv2 frame, which carries the verdict:
+    ``latency`` cycles after the frame's last input beat)."""
     rng = seeded_rng(f"parser-linerate-{width}", 4)
     frames, kinds = [], []
     for ipv6, vlan, nopt in SHAPES:
@@ -338,6 +348,12 @@ def test_line_rate_and_documented_latency(width):
         frames.append(raw + bytes(130 - len(raw)) if len(raw) < 130 else raw)
         kinds.append("raw")
     assert all(len(f) > 128 for f in frames)        # longer than the header window
+    # Then minimum-size frames back to back (one beat each at 512 bits): still no stall.
+    short = [P.roce_frame(**P.random_roce(rng, 0x04, payload_len=rng.randint(0, 2), ipv6=False,
+                                          vlan=None, ip_options=b"")) for _ in range(12)]
+    assert all(len(f) <= 64 for f in short)          # one beat at 512 bits
+    n_long = len(frames)
+    frames += short
     dut, src, sink, got = run_parser(width, frames, rng)
     B = width // 8
     cycles = [t.cycle for t in src.transfers]
@@ -346,7 +362,11 @@ def test_line_rate_and_documented_latency(width):
     assert src.stalls == 0
     assert beats / (cycles[-1] - cycles[0] + 1) == 1.0
     assert dut.latency == -(-128 // B) + 3
-    for fi, (frame, kind, g) in enumerate(zip(frames, kinds, got, strict=True)):
+    for frame, g in zip(short, got[n_long:], strict=True):
+        exp, payload = dissect(frame)
+        check_record(g.watch[0], exp, "minimum-size frame")
+        assert g.data == payload
+    for fi, (frame, kind, g) in enumerate(zip(frames[:n_long], kinds, got[:n_long], strict=True)):
         t_in = [t.cycle for t in src.transfers if t.frame == fi]
         if kind == "raw":
             assert g.data == frame
@@ -524,11 +544,12 @@ def test_random_byte_corruptions(seed):
     rng = seeded_rng("parser-corrupt-64", seed)
     cases = []
     while len(cases) < 80:
-        kw = P.random_roce(rng, payload_len=0)
-        nopt = rng.choice((0, 0, 8, 40)) if not kw["ipv6"] else 0
-        kw = P.random_roce(rng, kw["opcode"], ipv6=kw["ipv6"], vlan=kw["vlan"],
+        opcode, ipv6 = rng.choice(list(H.OPCODES)), rng.random() < 0.35
+        nopt = 0 if ipv6 else rng.choice((0, 0, 8, 40))
+        kw = P.random_roce(rng, opcode, ipv6=ipv6,
+                           vlan=(rng.randrange(8), rng.randint(1, 4094)) if rng.random() < 0.35 else None,
                            ip_options=P.ip_options_of_length(nopt, rng) if nopt else b"",
-                           payload_len=min(small_payload_len(rng, kw["opcode"], 64), 48))
+                           payload_len=min(small_payload_len(rng, opcode, 64), 48))
         frame = P.roce_frame(**kw)
         i, new = (_targeted if len(cases) % 2 else _uniform)(frame, rng)
         if new == frame[i]:
