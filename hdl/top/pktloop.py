@@ -70,7 +70,6 @@ class PacketLoopback(wiring.Component):
         m.submodules.records = records = SyncFIFOBuffered(width=record_layout().size,
                                                           depth=RECORDS)
         m.submodules.deparser = deparser = Deparser(W)
-        self._parts = (parser, rxbuf, records, deparser)   # for white-box simulation probes
         m.submodules.csr = csr = AxiLiteCsrBank(REGMAP)
         wiring.connect(m, wiring.flipped(self.s_axil), csr.s_axil)
 
