@@ -21,6 +21,8 @@ def block_signature(block):
     ``ro`` (not ``const``) -> ``Out(width)`` named like the register (the block drives it);
     ``counter`` -> ``Out(1)`` named ``<name>_inc`` (high for one clock per event);
     ``rw`` -> ``In(width, init=init)`` named like the register (the block obeys it).
+    ``command`` -> ``In(width)`` named like the register (the value last written) and ``In(1)``
+    named ``<name>_stb`` (high for the one clock in which that value is new).
     ``const`` and ``clear`` registers live entirely in the bank and have no port.
     Returns ``None`` if the block has no port at all.
 
@@ -35,6 +37,9 @@ def block_signature(block):
             members[r.name] = In(r.width, init=r.init)
         elif r.access == "counter":
             members[f"{r.name}_inc"] = Out(1)
+        elif r.access == "command":
+            members[r.name] = In(r.width)
+            members[f"{r.name}_stb"] = In(1)
     return wiring.Signature(members) if members else None
 
 
@@ -59,6 +64,9 @@ class AxiLiteCsrBank(wiring.Component):
         ``<block>.<name>``      Out(width) for each ``rw`` register: the value last written
                                            (reset to ``init``), updated the clock after the
                                            write is accepted.
+        ``<block>.<name>``      Out(width) for each ``command``: the value last written
+        ``<block>.<name>_stb``  Out(1)     ... high for one clock when it is written (the clock
+                                           after the write is accepted, with the new value).
         The ``ident`` block exposes ``ident.scratch`` (unused by gateware).
 
     Bus behaviour
@@ -74,6 +82,8 @@ class AxiLiteCsrBank(wiring.Component):
       (``ro``, ``counter``) -- such writes change nothing. SLVERR rather than OKAY so a driver bug
       shows up as a bus error (a PCIe adapter turns it into an unsuccessful completion).
     * ``rw`` registers honour ``wstrb`` byte lanes; bits beyond the register width read 0.
+    * ``command`` registers: every accepted write presents its value (lanes not strobed read
+      as 0) with a one-clock ``_stb`` pulse; reads return 0.
     * ``clear`` registers: a write with ``wstrb[0]`` and ``wdata[0]`` set zeroes every counter
       of the block; an increment in that same clock is counted (the counter becomes 1).
       They read as 0.
@@ -138,6 +148,11 @@ class AxiLiteCsrBank(wiring.Component):
 
         w_resp = Signal(Resp)
         m.d.comb += w_resp.eq(Resp.SLVERR)
+        for block in self._regmap.blocks:
+            for r in block.registers:
+                if r.access == "command":
+                    # A one-clock pulse: set again below in the clock after a write.
+                    m.d.sync += getattr(getattr(self, block.name), f"{r.name}_stb").eq(0)
         with m.Switch(aw_addr[word]):
             for block in self._regmap.blocks:
                 for r in block.registers:
@@ -147,6 +162,16 @@ class AxiLiteCsrBank(wiring.Component):
                             port = getattr(getattr(self, block.name), r.name)
                             with m.If(do_write):
                                 m.d.sync += port.eq(self._merge_lanes(port, w_data, w_strb))
+                    elif r.access == "command":
+                        port = getattr(getattr(self, block.name), r.name)
+                        stb = getattr(getattr(self, block.name), f"{r.name}_stb")
+                        with m.Case((block.base + r.offset) >> 2):
+                            m.d.comb += w_resp.eq(Resp.OKAY)
+                            with m.If(do_write):
+                                m.d.sync += [
+                                    port.eq(self._merge_lanes(Const(0, r.width), w_data, w_strb)),
+                                    stb.eq(1),
+                                ]
                     elif r.access == "clear":
                         with m.Case((block.base + r.offset) >> 2):
                             m.d.comb += [
@@ -192,7 +217,7 @@ class AxiLiteCsrBank(wiring.Component):
     def _read_value(self, block, r, counters):
         if r.access == "counter":
             return counters[block.name, r.name]
-        if r.access == "clear":
+        if r.access in ("clear", "command"):
             return Const(0, 32)
         if r.const:
             return Const(r.init, 32)

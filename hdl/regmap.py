@@ -50,6 +50,10 @@ Access kinds
              SLVERR.
 ``clear``    write-only strobe: writing 1 to bit 0 zeroes every counter of the same block; reads
              return 0.
+``command``  write-only: a write hands its value to the gateware (output port ``<name>``) together
+             with a one-clock pulse on ``<name>_stb``, every time, even if the value repeats; reads
+             return 0. Indirect table windows use it: the driver fills the data registers, then
+             writes the command, then polls the block's ``status`` for ``busy`` to clear.
 
 Adding a block
 --------------
@@ -64,15 +68,18 @@ import keyword
 import sys
 from dataclasses import dataclass
 
+from .flow.fields import MR_ENTRY, QP_CONTEXT, TENANT_BITS
+
 __all__ = [
     "ACCESS", "MAGIC", "VERSION", "BLOCK_SIZE", "FEATURE_LIST_OFFSET", "MAX_FEATURES",
-    "FEATURE_PKTENGINE", "FEATURE_NAMES",
+    "FEATURE_PKTENGINE", "FEATURE_FLOW", "FEATURE_QPCTX", "FEATURE_MR", "FEATURE_NAMES",
     "Register", "Block", "MappedRegister", "RegisterMap",
     "encode_version", "decode_version", "encode_feature", "decode_feature",
-    "pktengine_block", "pktengine_config", "BLOCKS", "REGMAP",
+    "pktengine_block", "pktengine_config", "flow_block", "flow_config", "qpctx_block",
+    "qpctx_config", "mr_block", "mr_config", "BLOCKS", "REGMAP",
 ]
 
-ACCESS = ("ro", "rw", "counter", "clear")
+ACCESS = ("ro", "rw", "counter", "clear", "command")
 
 MAGIC = 0x53544C52  # "STLR" in ASCII, most significant byte first
 VERSION = (0, 1, 0)  # gateware version reported by ident.version
@@ -85,9 +92,15 @@ MAX_FEATURES = (BLOCK_SIZE - FEATURE_LIST_OFFSET) // 4
 # Feature ids (bits 31:24 of a feature word). 0 is reserved so that a zero word never
 # looks like a valid feature. Never renumber: drivers in the field match on these.
 FEATURE_PKTENGINE = 1
+FEATURE_FLOW = 2
+FEATURE_QPCTX = 3
+FEATURE_MR = 4
 
 FEATURE_NAMES = {
     FEATURE_PKTENGINE: "pktengine",
+    FEATURE_FLOW: "flow",
+    FEATURE_QPCTX: "qpctx",
+    FEATURE_MR: "mr",
 }
 
 
@@ -159,6 +172,8 @@ class Register:
             raise ValueError(f"{self.name}: counters are 32 bits wide and start at 0")
         if self.access == "clear" and (self.width != 1 or self.init):
             raise ValueError(f"{self.name}: a clear strobe is 1 bit wide with init 0")
+        if self.access == "command" and self.init:
+            raise ValueError(f"{self.name}: a command register has no init value")
         if self.const and self.access != "ro":
             raise ValueError(f"{self.name}: only ro registers can be constants")
 
@@ -204,10 +219,12 @@ class Block:
                 raise ValueError(f"{self.name}.{r.name}: offset {r.offset:#x} outside the block")
             names.add(r.name)
             offsets.add(r.offset)
-        # A counter's gateware port is "<name>_inc": it must not shadow another register's port.
+        # A counter's gateware port is "<name>_inc", a command's "<name>_stb": they must not shadow
+        # another register's port.
         for r in self.registers:
-            if r.access == "counter" and f"{r.name}_inc" in names:
-                raise ValueError(f"{self.name}.{r.name}_inc clashes with counter {r.name}'s port")
+            suffix = {"counter": "_inc", "command": "_stb"}.get(r.access)
+            if suffix and f"{r.name}{suffix}" in names:
+                raise ValueError(f"{self.name}.{r.name}{suffix} clashes with {r.access} {r.name}'s port")
 
     def register(self, name):
         for r in self.registers:
@@ -397,9 +414,143 @@ def pktengine_block(name="pktengine", base=0x0100):
     ], feature=FEATURE_PKTENGINE)
 
 
+def _counter(reg, offset, doc):
+    return Register(reg, offset, 32, "counter", doc)
+
+
+def _clear(offset=0x04):
+    return Register("counters_clear", offset, 1, "clear", "Write 1 to bit 0 to zero every counter of "
+                    "this block at once (an event in the same clock is counted, not lost). Reads 0.")
+
+
+def _data_window(prefix, offset, words, access, what):
+    return [Register(f"{prefix}{i}", offset + 4 * i, 32, access,
+                     f"{what}: bits {32 * i + 31}:{32 * i}.") for i in range(words)]
+
+
+def _log2(n):
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"{n} is not a power of two")
+    return n.bit_length() - 1
+
+
+# --- flow table -------------------------------------------------------------------------------
+
+def flow_config(capacity, ways, stash, latency):
+    """Value the gateware drives on ``flow.config``."""
+    return _log2(capacity) | (ways << 8) | (stash << 12) | (TENANT_BITS << 20) | (latency << 28)
+
+
+def flow_block(name="flow", base=0x0200):
+    """Tenant-scoped QP lookup: the VLAN->tenant table and the (tenant, QPN) -> QP index table."""
+    return Block(name, base, 1, "Flow table: the VLAN->tenant map and the exact-match cuckoo table "
+                 "(tenant, local QPN) -> QP index looked up for every received RoCEv2 packet. "
+                 "Management: write key_tenant, key_qpn (and value for an insert), then command; poll "
+                 "status until busy is 0; read the outcome from status, result_value, result_cycles.", [
+        Register("config", 0x00, 32, "ro", "Build configuration: bits 4:0 log2(capacity in QPs), "
+                 "11:8 hash ways, 19:12 stash entries, 27:20 tenant bits, 31:28 lookup latency in "
+                 "cycles."),
+        _clear(),
+        Register("key_tenant", 0x08, TENANT_BITS, "rw", "Command key: tenant."),
+        Register("key_qpn", 0x0C, 24, "rw", "Command key: local QP number."),
+        Register("value", 0x10, 16, "rw", "Insert value: QP index (into the QP context store)."),
+        Register("command", 0x14, 2, "command", "Write 1 insert, 2 delete, 3 lookup (stellar.hdl.flow."
+                 "fields.FlowOp) to run a command on the key; ignored (status.error) while busy."),
+        Register("status", 0x18, 5, "ro", "Bit 0 busy; bits 2:1 outcome of the last command "
+                 "(FlowStatus: 0 ok, 1 exists, 2 full, 3 not found); bit 3 error: a command was "
+                 "written while busy and ignored (cleared by the next accepted command); bit 4 done: "
+                 "the last accepted command has completed."),
+        Register("result_value", 0x1C, 16, "ro", "QP index found by the last lookup, or the index "
+                 "already stored when an insert answered exists."),
+        Register("result_cycles", 0x20, 16, "ro", "Clocks the last command took (saturates)."),
+        Register("occupancy", 0x24, 32, "ro", "Keys stored (table and stash)."),
+        Register("stash_used", 0x28, 8, "ro", "Keys held in the overflow stash."),
+        Register("vlan_vid", 0x30, 12, "rw", "VLAN map command: VLAN ID (1..4094; VID 0 and untagged "
+                 "frames always belong to tenant 0)."),
+        Register("vlan_tenant", 0x34, 9, "rw", "VLAN map write data: bits 7:0 tenant, bit 8 mapped "
+                 "(0: frames with this VID are dropped and counted in rx_drop_tenant)."),
+        Register("vlan_command", 0x38, 2, "command", "Write 1 to store vlan_tenant for vlan_vid, 2 to "
+                 "read it into vlan_result (done within 2 clocks: no busy flag)."),
+        Register("vlan_result", 0x3C, 9, "ro", "VLAN map read result (layout of vlan_tenant)."),
+        _counter("rx_lookups", 0x40, "RoCEv2 packets looked up (frames that passed the packet engine)."),
+        _counter("rx_drop_tenant", 0x44, "RoCEv2 packets dropped because their VLAN ID is not mapped "
+                 "to a tenant."),
+        _counter("rx_drop_unknown_qp", 0x48, "RoCEv2 packets dropped because (tenant, destination QP) "
+                 "is not in the flow table."),
+    ], feature=FEATURE_FLOW)
+
+
+# --- QP context store -------------------------------------------------------------------------
+
+def qpctx_config(depth):
+    """Value the gateware drives on ``qpctx.config``."""
+    return _log2(depth) | (QP_CONTEXT.words << 8) | (len(QP_CONTEXT.fields) << 16)
+
+
+def qpctx_block(name="qpctx", base=0x0300):
+    """Indirect access to the per-QP context words (format stellar.hdl.flow.fields.QP_CONTEXT)."""
+    return Block(name, base, 1, "QP context store: per-QP state in block RAM (format "
+                 "stellar.hdl.flow.fields.QP_CONTEXT). Host access is serialized with packet "
+                 "traffic: a masked write never loses an update the transport made. Read: write "
+                 "index, command = 1, poll status.busy, read rdata*. Write: fill wdata*, write index "
+                 "and mask (bit i = field i of QP_CONTEXT), command = 2.", [
+        Register("config", 0x00, 32, "ro", "Build configuration: bits 4:0 log2(QPs), 15:8 context "
+                 "words, 23:16 context fields (mask bits)."),
+        Register("index", 0x04, 16, "rw", "QP index of the next command."),
+        Register("mask", 0x08, len(QP_CONTEXT.fields), "rw", "Write mask: bit i selects field i of "
+                 "QP_CONTEXT (reset: all fields).", init=(1 << len(QP_CONTEXT.fields)) - 1),
+        Register("command", 0x0C, 2, "command", "Write 1 to read the context of index into rdata*, "
+                 "2 to merge the masked fields of wdata* into it; ignored (status.error) while busy."),
+        Register("status", 0x10, 2, "ro", "Bit 0 busy; bit 1 error: a command was written while busy "
+                 "and ignored (cleared by the next accepted command)."),
+        *_data_window("wdata", 0x40, QP_CONTEXT.words, "rw", "Context write data"),
+        *_data_window("rdata", 0x80, QP_CONTEXT.words, "ro", "Context read data (last read or the "
+                      "context as written)"),
+    ], feature=FEATURE_QPCTX)
+
+
+# --- memory regions ---------------------------------------------------------------------------
+
+def mr_config(entries, pages):
+    """Value the gateware drives on ``mr.config``."""
+    return _log2(entries) | (_log2(pages) << 8) | (MR_ENTRY.words << 16)
+
+
+def mr_block(name="mr", base=0x0400):
+    """Memory-region protection table: entries, page table, and the RX check counters."""
+    return Block(name, base, 1, "Memory-region protection: MR entries (format stellar.hdl.flow."
+                 "fields.MR_ENTRY; rkey/lkey = index << 8 | tag) and the page table of page-list "
+                 "regions. Every RETH/AtomicETH access of a received packet is checked before any "
+                 "DMA. Write an entry: fill wdata*, write index, command = 1; read: command = 0 and "
+                 "read rdata*; page table: command 3 writes wdata1:wdata0 as page index's bus "
+                 "address, 2 reads it. Poll status.busy between commands.", [
+        Register("config", 0x00, 32, "ro", "Build configuration: bits 7:0 log2(MR entries), 15:8 "
+                 "log2(page-table entries), 23:16 entry words."),
+        _clear(),
+        Register("index", 0x08, 16, "rw", "MR index (key >> 8) or page-table index of the next "
+                 "command."),
+        Register("command", 0x0C, 2, "command", "0 read entry, 1 write entry, 2 read page, 3 write "
+                 "page (stellar.hdl.flow.mr.MrOp); ignored (status.error) while busy."),
+        Register("status", 0x10, 2, "ro", "Bit 0 busy; bit 1 error: a command was written while busy "
+                 "and ignored (cleared by the next accepted command)."),
+        *_data_window("wdata", 0x20, MR_ENTRY.words, "rw", "Entry (or page) write data"),
+        _counter("rx_mr_checks", 0x40, "Received RDMA WRITE/READ/atomic requests checked against the "
+                 "MR table."),
+        _counter("rx_drop_rkey", 0x44, "Requests dropped: R_Key invalid, stale (tag mismatch), or of "
+                 "another tenant or protection domain."),
+        _counter("rx_drop_bounds", 0x48, "Requests dropped: [va, va+length) not inside the region."),
+        _counter("rx_drop_access", 0x4C, "Requests dropped: the region does not grant the access "
+                 "(remote write, read or atomic)."),
+        *_data_window("rdata", 0x80, MR_ENTRY.words, "ro", "Entry (or page) read data"),
+    ], feature=FEATURE_MR)
+
+
 # Every feature block of the design, in any order. New blocks are appended here.
 BLOCKS = [
     pktengine_block(),
+    flow_block(),
+    qpctx_block(),
+    mr_block(),
 ]
 
 REGMAP = RegisterMap(BLOCKS)

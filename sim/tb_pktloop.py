@@ -27,7 +27,8 @@ from cocotbext.axi import (
     AxiStreamSink,
     AxiStreamSource,
 )
-from stellar.hdl.regmap import MAGIC, REGMAP
+from stellar.hdl.regmap import MAGIC
+from stellar.hdl.top.pktloop import PKTLOOP_REGMAP as REGMAP
 
 from . import packets
 from .captures import is_rocev2, load_captures

@@ -35,9 +35,9 @@ from ..net.deparser import Deparser
 from ..net.layout import DropReason, beat_layout, record_layout
 from ..net.parser import Parser
 from ..pktfifo import PacketFifo
-from ..regmap import REGMAP, pktengine_config
+from ..regmap import RegisterMap, pktengine_block, pktengine_config
 
-__all__ = ["PacketLoopback", "TOP_NAME", "RX_BUFFER_BYTES", "convert", "verilog_top"]
+__all__ = ["PacketLoopback", "TOP_NAME", "RX_BUFFER_BYTES", "PKTLOOP_REGMAP", "convert", "verilog_top"]
 
 TOP_NAME = "stellar_pktloop"
 RX_BUFFER_BYTES = 32768   # two 9000-byte jumbo frames: one leaving while the next arrives
@@ -45,6 +45,9 @@ RX_BUFFER_BYTES = 32768   # two 9000-byte jumbo frames: one leaving while the ne
 # backlog a jumbo frame leaves behind never drains under full load: every minimum-size frame
 # that arrives while a 9000-byte frame leaves needs a record slot (141 at 64 bytes per beat).
 RECORDS = 256
+# The loopback implements only the packet engine: its ident block lists just that feature, so a
+# driver never looks for a flow table that is not there.
+PKTLOOP_REGMAP = RegisterMap([pktengine_block()])
 
 
 class PacketLoopback(wiring.Component):
@@ -70,7 +73,7 @@ class PacketLoopback(wiring.Component):
         m.submodules.records = records = SyncFIFOBuffered(width=record_layout().size,
                                                           depth=RECORDS)
         m.submodules.deparser = deparser = Deparser(W)
-        m.submodules.csr = csr = AxiLiteCsrBank(REGMAP)
+        m.submodules.csr = csr = AxiLiteCsrBank(PKTLOOP_REGMAP)
         wiring.connect(m, wiring.flipped(self.s_axil), csr.s_axil)
 
         m.d.comb += axis_to_stream(self.s_axis_rx, parser.i)

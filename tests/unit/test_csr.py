@@ -141,6 +141,7 @@ def make_test_map():
         Register("events", 0x10, 32, "counter", "events"),
         Register("drops", 0x14, 32, "counter", "drops"),
         Register("clear", 0x18, 1, "clear", "clears events and drops"),
+        Register("go", 0x1C, 10, "command", "10-bit command"),
     ], feature=0x7E)
     other = Block("other", 0x200, 1, "other block", [
         Register("hits", 0x00, 32, "counter", "hits"),
@@ -403,7 +404,7 @@ def test_counter_clear_keeps_simultaneous_event():
 
 def test_unmapped_and_read_only_accesses():
     dut = AxiLiteCsrBank()
-    holes = [0x0FFC, 0x0200, 0xFFFC,
+    holes = [0x0FFC, 0x0F00, 0xFFFC,
              REGMAP.block("pktengine").base + 0x08,                     # gap inside a block
              0x10 + 4 * REGMAP["ident.feature_count"].init]             # past the feature list
 
@@ -598,3 +599,33 @@ def test_flat_ports_rejects_colliding_names():
     clash._MustUse__silence = True  # built only to be rejected; Amaranth would warn it is unused
     with pytest.raises(NameError, match="a_b"):
         FlatPorts(clash)
+
+
+def test_command_register_pulses_with_each_write():
+    """A command write presents its value with a one-clock ``_stb`` pulse every time (also when
+    the value repeats); lanes not strobed are 0; reads return 0."""
+    regmap = make_test_map()
+    dut = AxiLiteCsrBank(regmap)
+    seen = []
+
+    async def watcher(ctx):
+        async for _clk, _rst, stb, value in ctx.tick().sample(dut.test.go_stb, dut.test.go):
+            if stb:
+                seen.append(value)
+
+    async def bench(ctx):
+        bus = AxiLiteMaster(dut.s_axil)
+        assert await bus.write(ctx, addr("test.go", regmap), 0x2A5) == Resp.OKAY
+        assert await bus.write(ctx, addr("test.go", regmap), 0x2A5) == Resp.OKAY
+        assert await bus.write(ctx, addr("test.go", regmap), 0x3FF, strb=0b0001) == Resp.OKAY
+        assert await bus.write(ctx, addr("test.ctrl", regmap), 5) == Resp.OKAY  # not a command
+        assert await bus.read(ctx, addr("test.go", regmap)) == (0, Resp.OKAY)
+        for _ in range(4):
+            await ctx.tick()
+        assert seen == [0x2A5, 0x2A5, 0xFF]
+
+    sim = Simulator(dut)
+    sim.add_clock(10e-9)
+    sim.add_process(watcher)
+    sim.add_testbench(bench)
+    sim.run()

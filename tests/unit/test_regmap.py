@@ -187,13 +187,13 @@ def test_registermap_rejects():
 
 def test_registermap_builds_feature_list_for_new_blocks():
     # What a later issue does: append a block; ident grows a feature word for it.
-    extra = Block("flowtable", 0x0400, 3, "flow table", [_reg("size", 0, access="ro")], feature=42)
+    extra = Block("flowtable", 0x0F00, 3, "flow table", [_reg("size", 0, access="ro")], feature=42)
     m = RegisterMap([*regmap.BLOCKS, extra])
     assert m["ident.feature_count"].init == len(regmap.BLOCKS) + 1
     words = [decode_feature(m[f"ident.feature{i}"].init) for i in range(m["ident.feature_count"].init)]
-    assert (42, 3, 0x0400) in words
+    assert (42, 3, 0x0F00) in words
     assert [w[2] for w in words] == sorted(w[2] for w in words)
-    assert m["flowtable.size"].offset == 0x0400
+    assert m["flowtable.size"].offset == 0x0F00
 
 
 def test_cli_json_matches_map():
