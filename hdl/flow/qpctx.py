@@ -1,0 +1,253 @@
+# Ref: IBTA Vol 1 ch. 9.7 (RC transport: per-QP PSN and MSN state, read and updated per packet)
+"""QP context store: one block-RAM word per QP index, read for every packet, written back by
+the transport, with hazard forwarding so that back-to-back packets of one QP chain their
+updates at one packet per clock.
+
+The store is an in-order pipeline::
+
+    req / host --> [issue: memory read] --> [s1: read in flight] --> [queue (registers)] --> resp
+                                                                         head: host ops run here
+
+A token (a packet request, or a host operation) enters at *issue*, where the memory read port
+samples its index; one clock later (*s1*) the memory word is out, and the token moves into the
+response *queue*, a collapsing queue of ``queue`` registers whose head (entry 0) drives ``resp``.
+Writes come from the consumer (``wb``) and from host WRITEs executed at the head; there is one
+memory write port and so at most one write per clock.
+
+Consistency contract:
+
+- The ``ctx`` presented on ``resp`` in a cycle includes every write (``wb`` or host) performed
+  at any clock edge before that cycle. Every copy of a context held inside the store -- the
+  memory read in flight (``s1``) and each queue entry -- snoops every write and replaces its
+  context when the index matches. The memory's own read-during-write behaviour is never used
+  (a collision on a true-dual-port ECP5 EBR is undefined): the last write is registered and
+  overrides the memory output for the token whose read was sampled at that same edge.
+- The consumer takes packet i (``resp`` transfer) and may write it back in the SAME cycle
+  (``wb.valid`` together with ``resp.ready``), computing the new context from ``resp.ctx``;
+  packet i+1 of the same QP, presented in the next cycle, then already carries that update,
+  so one packet per clock can chain read-modify-writes on one QP. A consumer that writes back
+  later than the cycle it took the packet must forward its own pending updates to the packets
+  it takes in between: what it took before its write-back carries the context without it.
+- Host operations travel through the same in-order pipeline as packets: a host token enters
+  like a request (with priority over ``req``, so the host is never starved; one host operation
+  is in flight at a time), snoops writes like every other copy, and is executed by the store
+  itself when it reaches the head. READ returns the current context; WRITE merges the fields
+  selected by ``mask`` into the current context and writes the result. Host tokens never
+  appear on ``resp``. So a host masked write never loses a transport update and a transport
+  write-back that follows a host write in the pipeline order is computed from the host's
+  result. A host WRITE at the head in a cycle with ``wb.valid``: only one memory write per
+  clock, so the head holds (the host write waits and re-merges next cycle); neither is dropped.
+- Full throughput: with ``resp`` always ready and no host operations, one ``req`` per clock
+  with no bubbles (for ``queue >= 3``; ``req.ready`` does not depend on ``resp.ready``).
+
+Ports (``I`` = ``index_bits``, ``U`` = ``user_width``, ``ctx`` = ``qp_context_layout()``,
+``N`` = ``len(QP_CONTEXT.fields)``):
+  ``req``        in   stream ``{index: I, user: U}``: look up the context of QP ``index``;
+                      ``user`` is carried unchanged to the response.
+  ``resp``       out  stream ``{index: I, ctx, user: U}``: responses in request order.
+  ``wb``         in   stream ``{index: I, ctx}``, always ready: write the full new context
+                      of QP ``index`` (from the consumer of ``resp``).
+  ``host``       in   stream ``{op: 1 (QpHostOp), index: I, ctx, mask: N}``: READ returns the
+                      context; WRITE replaces the fields whose ``mask`` bit i (field i of
+                      ``QP_CONTEXT``) is set with those of ``ctx``.
+  ``host_resp``  out  stream ``{ctx}``, always ready: one-cycle pulse when a host operation is
+                      done: READ -> the context; WRITE -> the context as written (merged).
+
+Parameters: ``depth`` (number of QPs, a power of two), ``user_width`` (sideband bits),
+``queue`` (responses held in registers, so ``req`` keeps flowing under short ``resp`` stalls).
+Attributes: ``index_bits``, ``LATENCY`` (2: cycles from a ``req`` transfer to its ``resp``
+being valid when nothing stalls). Memory: one ``lib.memory.Memory`` of ``depth`` x 462 bits
+(``mem_data``, all zeros after configuration) with one synchronous read port (packets and host
+reads) and one write port.
+"""
+
+from amaranth.hdl import Cat, MemoryData, Module, Mux, Signal
+from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from .fields import QP_CONTEXT
+from .layouts import qp_context_layout
+
+__all__ = ["QpContextStore", "QpHostOp"]
+
+
+class QpHostOp(enum.IntEnum, shape=1):
+    READ = 0
+    WRITE = 1
+
+
+class QpContextStore(wiring.Component):
+    LATENCY = 2
+
+    def __init__(self, depth=4096, *, user_width=0, queue=4):
+        assert depth >= 2 and depth & (depth - 1) == 0, "depth must be a power of two"
+        assert queue >= 1
+        self.depth = depth
+        self.user_width = user_width
+        self.queue = queue
+        self.index_bits = (depth - 1).bit_length()
+        ctx = qp_context_layout()
+        ib = self.index_bits
+        self.mem_data = MemoryData(shape=QP_CONTEXT.width, depth=depth, init=[])
+        super().__init__({
+            "req": In(stream.Signature(data.StructLayout({"index": ib, "user": user_width}))),
+            "resp": Out(stream.Signature(data.StructLayout({"index": ib, "ctx": ctx,
+                                                            "user": user_width}))),
+            "wb": In(stream.Signature(data.StructLayout({"index": ib, "ctx": ctx}),
+                                      always_ready=True)),
+            "host": In(stream.Signature(data.StructLayout({
+                "op": QpHostOp, "index": ib, "ctx": ctx, "mask": len(QP_CONTEXT.fields)}))),
+            "host_resp": Out(stream.Signature(data.StructLayout({"ctx": ctx}), always_ready=True)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        Q = self.queue
+        ib = self.index_bits
+        W = QP_CONTEXT.width
+        # Queue entries: a token and its context. ``host`` marks a host operation (its op, data
+        # and mask wait in the host registers: one host operation is in flight at a time).
+        token = data.StructLayout({"index": ib, "user": self.user_width, "host": 1})
+        entry = data.StructLayout({"tok": token, "ctx": W})
+
+        m.submodules.mem = mem = Memory(data=self.mem_data)
+        wr = mem.write_port()
+        rd = mem.read_port(domain="sync")
+
+        # ------------------------------------------------------------ the one write per clock
+        w_en = Signal()
+        w_addr = Signal(ib)
+        w_data = Signal(W)
+        m.d.comb += [wr.en.eq(w_en), wr.addr.eq(w_addr), wr.data.eq(w_data)]
+
+        # The last write, registered: it overrides the memory output for a read sampled at the
+        # same edge as the write (undefined on the EBR, so never looked at).
+        lw_valid = Signal()
+        lw_addr = Signal(ib)
+        lw_data = Signal(W)
+        m.d.sync += lw_valid.eq(w_en)
+        with m.If(w_en):
+            m.d.sync += [lw_addr.eq(w_addr), lw_data.eq(w_data)]
+
+        # ------------------------------------------------------------ state
+        level = Signal(range(Q + 1))         # valid queue entries, from entry 0
+        q = [Signal(entry, name=f"q{k}") for k in range(Q)]
+        s1_valid = Signal()                  # a token whose memory read is in flight
+        s1 = Signal(token)
+        host_busy = Signal()                 # a host token is in the pipeline
+        h_write = Signal()
+        h_ctx = Signal(W)
+        h_mask = Signal(len(QP_CONTEXT.fields))   # zero for a READ: the merge is the identity
+
+        # ------------------------------------------------------------ issue
+        # Credits: the token in s1 always moves into the queue at the next edge, so a token
+        # issues only while queue + s1 leave room for it. Pops are not counted, so that
+        # req.ready does not depend on resp.ready; with queue >= 3 the steady state at one
+        # packet per clock (one entry at the head, one in s1) still has room.
+        room = Signal()
+        host_take = Signal()
+        req_take = Signal()
+        issue = Signal()
+        m.d.comb += [
+            room.eq(level + s1_valid < Q),
+            self.host.ready.eq(room & ~host_busy),
+            host_take.eq(self.host.valid & self.host.ready),
+            self.req.ready.eq(room & ~(self.host.valid & ~host_busy)),
+            req_take.eq(self.req.valid & self.req.ready),
+            issue.eq(host_take | req_take),
+            rd.addr.eq(Mux(host_take, self.host.payload.index, self.req.payload.index)),
+            rd.en.eq(issue),
+        ]
+        m.d.sync += s1_valid.eq(issue)
+        with m.If(issue):
+            m.d.sync += [
+                s1.index.eq(rd.addr),
+                s1.user.eq(self.req.payload.user),
+                s1.host.eq(host_take),
+            ]
+        with m.If(host_take):
+            is_write = self.host.payload.op == QpHostOp.WRITE
+            m.d.sync += [
+                host_busy.eq(1),
+                h_write.eq(is_write),
+                h_ctx.eq(self.host.payload.ctx),
+                h_mask.eq(Mux(is_write, self.host.payload.mask, 0)),
+            ]
+
+        # ------------------------------------------------------------ s1: memory word out
+        # Forwarding: a write at the edge that sampled the read (lw_*) replaces the memory
+        # word; a write at the coming edge (w_*) replaces it on its way into the queue.
+        lw_hit = Signal()
+        w_hit_s1 = Signal()
+        s1_ctx = Signal(W)
+        incoming = Signal(entry)
+        m.d.comb += [
+            lw_hit.eq(lw_valid & (lw_addr == s1.index)),
+            w_hit_s1.eq(w_en & (w_addr == s1.index)),
+            s1_ctx.eq(Mux(lw_hit, lw_data, rd.data)),
+            incoming.tok.eq(s1),
+            incoming.ctx.eq(Mux(w_hit_s1, w_data, s1_ctx)),
+        ]
+
+        # ------------------------------------------------------------ head
+        head = q[0]
+        head_valid = Signal()
+        head_host = Signal()
+        merged = Signal(W)
+        host_done = Signal()
+        pop = Signal()
+        bit_mask = Signal(W)
+        m.d.comb += [
+            bit_mask.eq(Cat(*(h_mask[i].replicate(f.width) for i, f in enumerate(QP_CONTEXT.fields)))),
+            head_valid.eq(level != 0),
+            head_host.eq(head_valid & head.tok.host),
+            self.resp.valid.eq(head_valid & ~head.tok.host),
+            self.resp.payload.index.eq(head.tok.index),
+            self.resp.payload.user.eq(head.tok.user),
+            self.resp.payload.ctx.eq(head.ctx),
+            # A READ has an all-zero mask: ``merged`` is then the context itself.
+            merged.eq((head.ctx & ~bit_mask) | (h_ctx & bit_mask)),
+            # A host WRITE yields the write port to a write-back of the same cycle and holds.
+            host_done.eq(head_host & ~(h_write & self.wb.valid)),
+            self.host_resp.valid.eq(host_done),
+            self.host_resp.payload.ctx.eq(merged),
+            pop.eq((self.resp.valid & self.resp.ready) | host_done),
+            w_en.eq(self.wb.valid | (host_done & h_write)),
+            w_addr.eq(Mux(self.wb.valid, self.wb.payload.index, head.tok.index)),
+            w_data.eq(Mux(self.wb.valid, self.wb.payload.ctx, merged)),
+        ]
+        with m.If(host_done):
+            m.d.sync += host_busy.eq(0)
+
+        # ------------------------------------------------------------ queue
+        # Each entry snoops the write of this edge once (its own comparator); the shift then
+        # picks the snooped copy of itself (hold), of its successor (pop) or the incoming token.
+        snooped = []
+        for k in range(Q):
+            hit = Signal(name=f"q{k}_hit")
+            s = Signal(entry, name=f"q{k}_snooped")
+            m.d.comb += [
+                hit.eq(w_en & (w_addr == q[k].tok.index)),
+                s.tok.eq(q[k].tok),
+                s.ctx.eq(Mux(hit, w_data, q[k].ctx)),
+            ]
+            snooped.append(s)
+        for k in range(Q):
+            # Entries at or past ``level`` are invalid: loading the incoming token into them
+            # is harmless, and it is what the entry at ``level`` (after a pop) must get.
+            with m.If(pop):
+                if k + 1 < Q:
+                    with m.If(level > k + 1):
+                        m.d.sync += q[k].eq(snooped[k + 1])
+                    with m.Else():
+                        m.d.sync += q[k].eq(incoming)
+                else:
+                    m.d.sync += q[k].eq(incoming)
+            with m.Else():
+                with m.If(level > k):
+                    m.d.sync += q[k].eq(snooped[k])
+                with m.Else():
+                    m.d.sync += q[k].eq(incoming)
+        m.d.sync += level.eq(level + s1_valid - pop)
+        return m
