@@ -1,0 +1,615 @@
+# Ref: IBTA Vol 1 Annex A17 (RoCEv2); IBTA Vol 1 9.7.4 (R_Key checks), 10.6 (memory regions)
+"""The receive flow pipeline: parser -> ICRC -> VLAN tenant -> flow table -> MR check -> QP context.
+
+Every received frame is parsed (the packet engine: headers, ICRC, IPv4 checksum), then every
+RoCEv2 packet that survived it finds its tenant (VLAN map), its QP (flow table, key (tenant,
+destination QP)), and, when it names remote memory (RETH of RDMA WRITE First/Only and READ
+requests, AtomicETH of atomics), has that access checked against the memory-region table with
+the QP's own tenant and protection domain. Finally the QP context is read; the packet leaves
+annotated with its QP index, its context and the MR answer (bus address) for the transport::
+
+            +-> payload -> rxbuf (drops parser verdicts) ----------------------> gate -> o
+    i -> Parser                                                                    ^ pass/discard
+            +-> record -> recq -------------------------------------------+       |
+            +-> key descriptor -> keyq -> VLAN -> flow -> QP attr -> MR -> verdict -> annq
+                                                                                  |
+                                          QpContextStore.req <- annq <-----------+
+                                          QpContextStore.resp + recq head -> o_meta (pass)
+                                                                          -> dropped (drop)
+
+Design notes
+------------
+* The lookups are a fixed-latency pipeline (VLAN 1, flow table ``FlowTable.LATENCY``, QP
+  attribute RAM 1, MR check ``MrProtection.LATENCY``, verdict 1) that never stalls; admission
+  from ``keyq`` is credit-based (a packet enters only if ``annq`` is sure to have room when it
+  leaves), so back-pressure from the consumer never drops or corrupts a lookup.
+* The verdict comes long after the frame's payload has been committed to ``rxbuf`` (the parser's
+  own verdict comes with the last beat), so a frame dropped here is discarded on the way out:
+  the gate reads its beats and throws them away, in order, at one beat per clock.
+* The MR check needs the QP's tenant and protection domain before the QP context is read (the
+  context read is the last stage, so that the transport consumes it directly from the store and
+  the store's hazard forwarding stays intact). They are kept in a small QP attribute RAM written
+  from the host's context writes (the fields are set when a QP is created and never change
+  while packets for it are accepted). A QP whose tenant is not the packet's (a host programming
+  error: a flow entry pointing at another tenant's QP) drops the packet as a tenant violation.
+* Drop order (first wins): unmapped VLAN (``flow.rx_drop_tenant``), unknown (tenant, QPN)
+  (``flow.rx_drop_unknown_qp``), QP of another tenant (``flow.rx_drop_tenant``), MR check: bad
+  or stale key and wrong tenant/PD (``mr.rx_drop_rkey``), access not granted
+  (``mr.rx_drop_access``), out of bounds (``mr.rx_drop_bounds``). A dropped packet reads no
+  context, is never seen by the transport and cannot cause a DMA.
+* Non-RoCE frames skip the lookups and leave unchanged (``ann.roce`` = 0).
+
+Ports
+-----
+i            In   stream of beats from the wire (``beat_layout(data_width)``)
+o_meta       Out  stream of ``rx_meta_layout``: ``rec`` (header record), ``ann`` (``ann_layout``),
+                  ``ctx`` (QP context, current: see ``QpContextStore``); one per passed frame
+o            Out  payload beats of passed frames, in the order of ``o_meta``
+dropped      Out  stream of ``rx_meta_layout`` (``ctx`` undefined): one per frame dropped here, in
+                  order with ``o_meta`` (a consumer that only counts can tie ``ready`` high)
+wb           In   QP-context write-back of the consumer (``QpContextStore.wb``)
+tx_frame     In   one pulse per transmitted frame (counted in ``pktengine.tx_frames``)
+pktengine, flow, qpctx, mr
+             Out  the CSR ports of those register-map blocks (``csr.block_signature``)
+
+Parameters: ``data_width`` (64 or 512), ``qps`` (flow-table capacity = QP context entries),
+``mr_entries``, ``mr_pages``, ``rx_buffer_bytes``, ``records`` (frames that can wait).
+"""
+
+import enum as py_enum
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ..csr import block_signature
+from ..net import headers as H
+from ..net.layout import DropReason, beat_layout, record_layout
+from ..net.parser import Parser
+from ..pktfifo import PacketFifo
+from ..regmap import REGMAP, flow_config, mr_config, pktengine_config, qpctx_config
+from .cuckoo import FlowTable
+from .fields import MR_ENTRY, PD_BITS, QP_CONTEXT, TENANT_BITS, Access, MrReason
+from .layouts import flow_key_layout, qp_context_layout
+from .mr import MrProtection
+from .qpctx import QpContextStore, QpHostOp
+from .vlan import VLAN_ENTRY, VlanTenantMap
+
+__all__ = ["FlowVerdict", "ann_layout", "rx_meta_layout", "RxFlowPipeline", "mr_request_kind"]
+
+
+class FlowVerdict(enum.IntEnum, shape=3):
+    """Why the flow pipeline drops a packet (``ann.reason``)."""
+    NONE = 0
+    TENANT = 1        # VLAN not mapped, or the QP belongs to another tenant
+    UNKNOWN_QP = 2    # (tenant, QPN) not in the flow table
+    RKEY = 3          # MR check: bad/stale key, other tenant or PD
+    ACCESS = 4        # MR check: access not granted
+    BOUNDS = 5        # MR check: outside the region
+
+
+class MrKind(py_enum.IntEnum):
+    """Which remote access a packet asks for (pure Python: shared with the tests)."""
+    NONE = 0
+    WRITE = 1     # RETH of RDMA WRITE First / Only (/ with immediate)
+    READ = 2      # RETH of RDMA READ request
+    ATOMIC = 3    # AtomicETH (8 bytes)
+
+
+def mr_request_kind(opcode):
+    """``MrKind`` of a BTH opcode: which packets the pipeline checks against the MR table."""
+    op = H.OPCODES.get(opcode)
+    if op is None:
+        return MrKind.NONE
+    if H.ATOMICETH in op.ext:
+        return MrKind.ATOMIC
+    if H.RETH in op.ext:
+        return MrKind.READ if op.name.endswith("RDMA_READ_REQUEST") else MrKind.WRITE
+    return MrKind.NONE
+
+
+_KIND_ACCESS = {MrKind.WRITE: Access.REMOTE_WRITE, MrKind.READ: Access.REMOTE_READ,
+                MrKind.ATOMIC: Access.REMOTE_ATOMIC}
+
+
+def ann_layout(index_bits):
+    """What the pipeline learned about a frame."""
+    return data.StructLayout({
+        "roce": 1,          # a RoCEv2 packet (else the other fields are 0)
+        "drop": 1,          # dropped here (only on ``dropped``)
+        "reason": FlowVerdict,
+        "tenant": TENANT_BITS,
+        "qp": index_bits,   # QP index (valid when found)
+        "mr_kind": 2,       # MrKind: which access was checked (0: none)
+        "mr_reason": 3,     # MrReason of the check
+        "bus_addr": 64,     # MR check: bus address of the first byte (0 unless allowed)
+        "span": 32,         # MR check: bytes contiguous from there
+    })
+
+
+def rx_meta_layout(index_bits):
+    return data.StructLayout({
+        "rec": record_layout(),
+        "ann": ann_layout(index_bits),
+        "ctx": qp_context_layout(),
+    })
+
+
+def _key_layout():
+    """What the lookups need from the header record (queued with each accepted frame)."""
+    return data.StructLayout({
+        "roce": 1,
+        "tagged": 1,
+        "vid": 12,
+        "qpn": 24,
+        "kind": 2,
+        "rkey": 32,
+        "va": 64,
+        "length": 32,
+    })
+
+
+def _delay(m, value, cycles, name):
+    """``value`` delayed by ``cycles`` clocks (a shift register)."""
+    prev = value
+    for i in range(cycles):
+        reg = Signal.like(value, name=f"{name}_d{i + 1}")
+        m.d.sync += reg.eq(prev)
+        prev = reg
+    return prev
+
+
+class RxFlowPipeline(wiring.Component):
+    def __init__(self, data_width=64, *, qps=4096, mr_entries=1024, mr_pages=1024,
+                 rx_buffer_bytes=32768, records=256):
+        self.data_width = data_width
+        self.qps = qps
+        self.mr_entries = mr_entries
+        self.mr_pages = mr_pages
+        self.rx_buffer_bytes = rx_buffer_bytes
+        self.records = records
+        self.index_bits = max(1, (qps - 1).bit_length())
+        beat = beat_layout(data_width)
+        self._store_sig = QpContextStore(qps, user_width=ann_layout(self.index_bits).size)
+        super().__init__({
+            "i":         In(stream.Signature(beat)),
+            "o_meta":    Out(stream.Signature(rx_meta_layout(self.index_bits))),
+            "o":         Out(stream.Signature(beat)),
+            "dropped":   Out(stream.Signature(rx_meta_layout(self.index_bits))),
+            "wb":        In(self._store_sig.wb.signature.flip()),
+            "tx_frame":  In(1),
+            "pktengine": Out(block_signature(REGMAP.block("pktengine"))),
+            "flow":      Out(block_signature(REGMAP.block("flow"))),
+            "qpctx":     Out(block_signature(REGMAP.block("qpctx"))),
+            "mr":        Out(block_signature(REGMAP.block("mr"))),
+        })
+
+    @property
+    def lookup_latency(self):
+        """Clocks from a key leaving ``keyq`` to its verdict entering ``annq``."""
+        return VlanTenantMap.LATENCY + FlowTable.LATENCY + 1 + self._mr_latency + 1
+
+    @property
+    def _mr_latency(self):
+        return MrProtection.LATENCY
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.data_width
+        IB = self.index_bits
+        ann_l = ann_layout(IB)
+        key_l = _key_layout()
+
+        m.submodules.parser = parser = Parser(W)
+        m.submodules.rxbuf = rxbuf = PacketFifo(beat_layout(W), self.rx_buffer_bytes // (W // 8))
+        m.submodules.recq = recq = SyncFIFOBuffered(width=record_layout().size, depth=self.records)
+        m.submodules.keyq = keyq = SyncFIFOBuffered(width=key_l.size, depth=self.records)
+        m.submodules.vlan = vlan = VlanTenantMap()
+        m.submodules.flow = flow = FlowTable(self.qps)
+        m.submodules.mr = mr = MrProtection(self.mr_entries, self.mr_pages)
+        m.submodules.store = store = self._store_sig
+        m.submodules.attr = attr_mem = Memory(
+            shape=data.StructLayout({"tenant": TENANT_BITS, "pd": PD_BITS}), depth=self.qps, init=[])
+        attr_rd = attr_mem.read_port()
+        attr_wr = attr_mem.write_port()
+
+        # ------------------------------------------------------------ parser -> rxbuf, queues
+        m.d.comb += [parser.i.valid.eq(self.i.valid), parser.i.payload.eq(self.i.payload),
+                     self.i.ready.eq(parser.i.ready)]
+        meta = parser.o_meta
+        room = Signal()
+        m.d.comb += room.eq(recq.w_rdy & keyq.w_rdy)
+        last = Signal()
+        m.d.comb += [
+            # A frame's record and key are queued with its last beat, so a beat moves only when
+            # all three queues have room (valid and ready both gated: no duplicated beats).
+            rxbuf.i.valid.eq(parser.o.valid & room),
+            rxbuf.i.payload.eq(parser.o.payload),
+            rxbuf.i_drop.eq(meta.drop),
+            parser.o.ready.eq(rxbuf.i.ready & room),
+            last.eq(parser.o.valid & parser.o.ready & parser.o.payload.last),
+        ]
+        keep = Signal()
+        m.d.comb += keep.eq(last & ~meta.drop & ~rxbuf.i_overflow)
+
+        kind = Signal(2)
+        with m.Switch(meta.bth_opcode):
+            for code in H.OPCODES:
+                k = mr_request_kind(code)
+                if k != MrKind.NONE:
+                    with m.Case(code):
+                        m.d.comb += kind.eq(k)
+        key_in = Signal(key_l)
+        is_atomic = Signal()
+        m.d.comb += [
+            is_atomic.eq(kind == MrKind.ATOMIC),
+            key_in.roce.eq(meta.roce),
+            key_in.tagged.eq(meta.vlan),
+            key_in.vid.eq(meta.vlan_vid),
+            key_in.qpn.eq(meta.bth_dest_qp),
+            key_in.kind.eq(Mux(meta.roce, kind, 0)),
+            key_in.rkey.eq(Mux(is_atomic, meta.atomiceth_rkey, meta.reth_rkey)),
+            key_in.va.eq(Mux(is_atomic, meta.atomiceth_va, meta.reth_va)),
+            key_in.length.eq(Mux(is_atomic, 8, meta.reth_dma_length)),
+            recq.w_en.eq(keep),
+            recq.w_data.eq(meta),
+            keyq.w_en.eq(keep),
+            keyq.w_data.eq(key_in),
+        ]
+
+        # ------------------------------------------------------------ lookup pipeline
+        # Credits: packets admitted and not yet taken out of annq. annq is as deep as the
+        # pipeline is long plus slack, so an admitted packet always finds room.
+        L = self.lookup_latency
+        annq_depth = 1 << (L + 4).bit_length()
+        m.submodules.annq = annq = SyncFIFOBuffered(width=ann_l.size, depth=annq_depth)
+        outstanding = Signal(range(annq_depth + 1))
+        admit = Signal()
+        m.d.comb += [
+            admit.eq(keyq.r_rdy & (outstanding < annq_depth)),
+            keyq.r_en.eq(admit),
+        ]
+        annq_pop = Signal()
+        m.d.sync += outstanding.eq(outstanding + admit - annq_pop)
+
+        k0 = Signal(key_l)
+        m.d.comb += k0.eq(keyq.r_data)
+        # stage V: VLAN -> tenant
+        m.d.comb += [
+            vlan.lookup.valid.eq(admit & k0.roce),
+            vlan.lookup.payload.tagged.eq(k0.tagged),
+            vlan.lookup.payload.vid.eq(k0.vid),
+        ]
+        v_valid = _delay(m, admit, VlanTenantMap.LATENCY, "v_valid")
+        v_key = Signal(key_l)
+        m.d.comb += v_key.eq(_delay(m, k0, VlanTenantMap.LATENCY, "v_key"))
+        v_mapped = Signal()
+        v_tenant = Signal(TENANT_BITS)
+        m.d.comb += [v_mapped.eq(vlan.result.payload.mapped), v_tenant.eq(vlan.result.payload.tenant)]
+
+        # stage F: flow table (tenant, QPN) -> QP index
+        m.d.comb += [
+            flow.lookup.valid.eq(v_valid & v_key.roce & v_mapped),
+            flow.lookup.payload.key.tenant.eq(v_tenant),
+            flow.lookup.payload.key.qpn.eq(v_key.qpn),
+        ]
+        FL = FlowTable.LATENCY
+        f_valid = _delay(m, v_valid, FL, "f_valid")
+        f_key = Signal(key_l)
+        m.d.comb += f_key.eq(_delay(m, v_key, FL, "f_key"))
+        f_mapped = _delay(m, v_mapped, FL, "f_mapped")
+        f_tenant = _delay(m, v_tenant, FL, "f_tenant")
+        f_hit = Signal()
+        f_qp = Signal(IB)
+        m.d.comb += [f_hit.eq(flow.result.valid & flow.result.payload.hit),
+                     f_qp.eq(flow.result.payload.value)]
+
+        # stage A: QP attributes (tenant, PD) of the QP found
+        m.d.comb += attr_rd.addr.eq(f_qp)
+        a_valid = _delay(m, f_valid, 1, "a_valid")
+        a_key = Signal(key_l)
+        m.d.comb += a_key.eq(_delay(m, f_key, 1, "a_key"))
+        a_mapped = _delay(m, f_mapped, 1, "a_mapped")
+        a_tenant = _delay(m, f_tenant, 1, "a_tenant")
+        a_hit = _delay(m, f_hit, 1, "a_hit")
+        a_qp = _delay(m, f_qp, 1, "a_qp")
+        a_qp_tenant_ok = Signal()
+        m.d.comb += a_qp_tenant_ok.eq(attr_rd.data.tenant == a_tenant)
+
+        # stage M: MR check with the QP's tenant and PD
+        access = Signal(4)
+        with m.Switch(a_key.kind):
+            for k, acc in _KIND_ACCESS.items():
+                with m.Case(k):
+                    m.d.comb += access.eq(acc)
+        check, result = mr.check[0], mr.result[0]
+        m.d.comb += [
+            check.valid.eq(a_valid & a_key.roce & a_mapped & a_hit & a_qp_tenant_ok & (a_key.kind != 0)),
+            check.payload.tenant.eq(attr_rd.data.tenant),
+            check.payload.pd.eq(attr_rd.data.pd),
+            check.payload.key.eq(a_key.rkey),
+            check.payload.va.eq(a_key.va),
+            check.payload.length.eq(a_key.length),
+            check.payload.access.eq(access),
+        ]
+        ML = self._mr_latency
+        ann_a = Signal(ann_l)
+        m.d.comb += [
+            ann_a.roce.eq(a_key.roce),
+            ann_a.tenant.eq(a_tenant),
+            ann_a.qp.eq(Mux(a_hit, a_qp, 0)),
+            ann_a.mr_kind.eq(Mux(check.valid, a_key.kind, 0)),
+        ]
+        with m.If(a_key.roce):
+            with m.If(~a_mapped):
+                m.d.comb += [ann_a.drop.eq(1), ann_a.reason.eq(FlowVerdict.TENANT)]
+            with m.Elif(~a_hit):
+                m.d.comb += [ann_a.drop.eq(1), ann_a.reason.eq(FlowVerdict.UNKNOWN_QP)]
+            with m.Elif(~a_qp_tenant_ok):
+                m.d.comb += [ann_a.drop.eq(1), ann_a.reason.eq(FlowVerdict.TENANT)]
+        m_valid = _delay(m, a_valid, ML, "m_valid")
+        m_ann = Signal(ann_l)
+        m.d.comb += m_ann.eq(_delay(m, ann_a, ML, "m_ann"))
+
+        # stage D: verdict
+        d_ann = Signal(ann_l)
+        m.d.comb += d_ann.eq(m_ann)
+        with m.If(m_ann.mr_kind != 0):
+            m.d.comb += [
+                d_ann.mr_reason.eq(result.payload.reason),
+                d_ann.bus_addr.eq(result.payload.bus_addr),
+                d_ann.span.eq(result.payload.span),
+            ]
+            with m.If(~result.payload.allowed):
+                m.d.comb += d_ann.drop.eq(1)
+                with m.Switch(result.payload.reason):
+                    with m.Case(MrReason.BAD_KEY, MrReason.PD_TENANT):
+                        m.d.comb += d_ann.reason.eq(FlowVerdict.RKEY)
+                    with m.Case(MrReason.ACCESS):
+                        m.d.comb += d_ann.reason.eq(FlowVerdict.ACCESS)
+                    with m.Default():
+                        m.d.comb += d_ann.reason.eq(FlowVerdict.BOUNDS)
+        v_ann = Signal(ann_l)
+        v_ok = Signal()
+        m.d.sync += [v_ok.eq(m_valid), v_ann.eq(d_ann)]
+        m.d.comb += [annq.w_en.eq(v_ok), annq.w_data.eq(v_ann)]
+
+        fl, mrc = self.flow, self.mr
+        m.d.comb += [
+            fl.rx_lookups_inc.eq(v_ok & v_ann.roce),
+            fl.rx_drop_tenant_inc.eq(v_ok & v_ann.drop & (v_ann.reason == FlowVerdict.TENANT)),
+            fl.rx_drop_unknown_qp_inc.eq(v_ok & v_ann.drop & (v_ann.reason == FlowVerdict.UNKNOWN_QP)),
+            mrc.rx_mr_checks_inc.eq(v_ok & (v_ann.mr_kind != 0)),
+            mrc.rx_drop_rkey_inc.eq(v_ok & v_ann.drop & (v_ann.reason == FlowVerdict.RKEY)),
+            mrc.rx_drop_access_inc.eq(v_ok & v_ann.drop & (v_ann.reason == FlowVerdict.ACCESS)),
+            mrc.rx_drop_bounds_inc.eq(v_ok & v_ann.drop & (v_ann.reason == FlowVerdict.BOUNDS)),
+        ]
+
+        # ------------------------------------------------------------ QP context read
+        q_ann = Signal(ann_l)
+        m.d.comb += [
+            q_ann.eq(annq.r_data),
+            store.req.valid.eq(annq.r_rdy),
+            store.req.payload.index.eq(q_ann.qp),
+            store.req.payload.user.eq(annq.r_data),
+            annq.r_en.eq(store.req.ready),
+            annq_pop.eq(annq.r_rdy & store.req.ready),
+        ]
+        wiring.connect(m, wiring.flipped(self.wb), store.wb)
+
+        # ------------------------------------------------------------ output: pass or drop
+        # decq tells the gate, frame by frame, whether rxbuf's next frame goes out or is
+        # discarded; it is written when the frame's verdict leaves the store.
+        m.submodules.decq = decq = SyncFIFOBuffered(width=1, depth=16)
+        r_ann = Signal(ann_l)
+        m.d.comb += r_ann.eq(store.resp.payload.user)
+        head = Signal()
+        m.d.comb += head.eq(store.resp.valid & recq.r_rdy & decq.w_rdy)
+        take = Signal()
+        with m.If(r_ann.drop):
+            m.d.comb += take.eq(head & self.dropped.ready)
+        with m.Else():
+            m.d.comb += take.eq(head & self.o_meta.ready)
+        m.d.comb += [
+            self.o_meta.valid.eq(head & ~r_ann.drop),
+            self.o_meta.payload.rec.eq(recq.r_data),
+            self.o_meta.payload.ann.eq(r_ann),
+            self.o_meta.payload.ctx.eq(store.resp.payload.ctx),
+            store.resp.ready.eq(take),
+            recq.r_en.eq(take),
+            decq.w_en.eq(take),
+            decq.w_data.eq(~r_ann.drop),
+            self.dropped.valid.eq(head & r_ann.drop),
+            self.dropped.payload.rec.eq(recq.r_data),
+            self.dropped.payload.ann.eq(r_ann),
+        ]
+        passing = Signal()
+        m.d.comb += passing.eq(decq.r_data[0])
+        with m.If(passing):
+            m.d.comb += [
+                self.o.valid.eq(rxbuf.o.valid & decq.r_rdy),
+                rxbuf.o.ready.eq(self.o.ready & decq.r_rdy),
+            ]
+        with m.Else():
+            m.d.comb += rxbuf.o.ready.eq(decq.r_rdy)
+        m.d.comb += [
+            self.o.payload.eq(rxbuf.o.payload),
+            decq.r_en.eq(rxbuf.o.valid & rxbuf.o.ready & rxbuf.o.payload.last),
+        ]
+
+        # ------------------------------------------------------------ packet-engine counters
+        ecn = Signal(2)
+        m.d.comb += ecn.eq(Mux(meta.ipv6, meta.ipv6_ecn, meta.ipv4_ecn))
+        pe = self.pktengine
+        dropped = meta.drop | rxbuf.i_overflow
+        m.d.comb += [
+            pe.config.eq(pktengine_config(W)),
+            pe.rx_frames_inc.eq(last),
+            pe.rx_roce_inc.eq(last & meta.roce),
+            pe.rx_non_roce_inc.eq(last & ~meta.roce),
+            pe.rx_ecn_ce_inc.eq(last & meta.roce & ~dropped & (ecn == 3)),
+            pe.rx_drop_icrc_inc.eq(last & (meta.reason == DropReason.ICRC)),
+            pe.rx_drop_ip_checksum_inc.eq(last & (meta.reason == DropReason.IP_CHECKSUM)),
+            pe.rx_drop_malformed_inc.eq(last & (meta.reason == DropReason.MALFORMED)),
+            pe.rx_drop_opcode_inc.eq(last & (meta.reason == DropReason.OPCODE)),
+            pe.rx_drop_overflow_inc.eq(last & ~meta.drop & rxbuf.i_overflow),
+            pe.tx_frames_inc.eq(self.tx_frame),
+        ]
+
+        # ------------------------------------------------------------ host management
+        self._flow_csr(m, flow)
+        self._vlan_csr(m, vlan)
+        self._qpctx_csr(m, store, attr_wr)
+        self._mr_csr(m, mr)
+        return m
+
+    # Each management path: the CSR command pulse is held as a pending request until the
+    # block takes it; a command written while one is pending or running is ignored and
+    # flagged (status.error) rather than queued, so the driver's view stays simple.
+
+    def _flow_csr(self, m, flow):
+        c = self.flow
+        pending = Signal()
+        running = Signal()
+        error = Signal()
+        done = Signal()
+        outcome = Signal(2)
+        value = Signal(16)
+        cycles = Signal(16)
+        op = Signal(2)
+        key = Signal(flow_key_layout())
+        val = Signal(flow.value_bits)
+        busy = Signal()
+        m.d.comb += busy.eq(pending | running)
+        with m.If(c.command_stb):
+            with m.If(busy):
+                m.d.sync += error.eq(1)
+            with m.Else():
+                m.d.sync += [pending.eq(1), error.eq(0), done.eq(0), op.eq(c.command),
+                             key.tenant.eq(c.key_tenant), key.qpn.eq(c.key_qpn), val.eq(c.value)]
+        m.d.comb += [
+            flow.cmd.valid.eq(pending),
+            flow.cmd.payload.op.eq(op),
+            flow.cmd.payload.key.eq(key),
+            flow.cmd.payload.value.eq(val),
+        ]
+        with m.If(flow.cmd.valid & flow.cmd.ready):
+            m.d.sync += [pending.eq(0), running.eq(1)]
+        with m.If(flow.resp.valid):
+            m.d.sync += [running.eq(0), done.eq(1), outcome.eq(flow.resp.payload.status),
+                         value.eq(flow.resp.payload.value), cycles.eq(flow.resp.payload.cycles)]
+        m.d.comb += [
+            c.config.eq(flow_config(self.qps, flow.ways, flow.stash, FlowTable.LATENCY)),
+            c.status.eq(Cat(busy, outcome, error, done)),
+            c.result_value.eq(value),
+            c.result_cycles.eq(cycles),
+            c.occupancy.eq(flow.occupancy),
+            c.stash_used.eq(flow.stash_used),
+        ]
+
+    def _vlan_csr(self, m, vlan):
+        c = self.flow
+        entry = Signal(VLAN_ENTRY)
+        m.d.comb += [
+            entry.eq(c.vlan_tenant),
+            vlan.cmd.valid.eq(c.vlan_command_stb & ((c.vlan_command == 1) | (c.vlan_command == 2))),
+            vlan.cmd.payload.write.eq(c.vlan_command == 1),
+            vlan.cmd.payload.vid.eq(c.vlan_vid),
+            vlan.cmd.payload.entry.eq(entry),
+        ]
+        was_read = Signal()
+        result = Signal(VLAN_ENTRY)
+        m.d.sync += was_read.eq(vlan.cmd.valid & ~vlan.cmd.payload.write)
+        with m.If(was_read):
+            m.d.sync += result.eq(vlan.rdata)
+        m.d.comb += c.vlan_result.eq(result)
+
+    def _qpctx_csr(self, m, store, attr_wr):
+        c = self.qpctx
+        words = QP_CONTEXT.words
+        pending = Signal()
+        running = Signal()
+        error = Signal()
+        op = Signal()
+        index = Signal(self.index_bits)
+        mask = Signal(len(QP_CONTEXT.fields))
+        wdata = Signal(32 * words)
+        rdata = Signal(32 * words)
+        busy = Signal()
+        m.d.comb += busy.eq(pending | running)
+        valid_cmd = Signal()
+        m.d.comb += valid_cmd.eq((c.command == 1) | (c.command == 2))
+        with m.If(c.command_stb):
+            with m.If(busy | ~valid_cmd):
+                m.d.sync += error.eq(1)
+            with m.Else():
+                m.d.sync += [
+                    pending.eq(1), error.eq(0),
+                    op.eq(Mux(c.command == 2, QpHostOp.WRITE, QpHostOp.READ)),
+                    index.eq(c.index), mask.eq(c.mask),
+                    wdata.eq(Cat(*(getattr(c, f"wdata{i}") for i in range(words)))),
+                ]
+        m.d.comb += [
+            store.host.valid.eq(pending),
+            store.host.payload.op.eq(op),
+            store.host.payload.index.eq(index),
+            store.host.payload.ctx.eq(wdata[:QP_CONTEXT.width]),
+            store.host.payload.mask.eq(mask),
+        ]
+        with m.If(store.host.valid & store.host.ready):
+            m.d.sync += [pending.eq(0), running.eq(1)]
+        written = Signal(qp_context_layout())
+        m.d.comb += written.eq(store.host_resp.payload.ctx)
+        with m.If(store.host_resp.valid):
+            m.d.sync += [running.eq(0), rdata.eq(store.host_resp.payload.ctx)]
+        # The attribute RAM follows the context as written (tenant and PD for the MR check).
+        m.d.comb += [
+            attr_wr.en.eq(store.host_resp.valid & (op == QpHostOp.WRITE)),
+            attr_wr.addr.eq(index),
+            attr_wr.data.tenant.eq(written.tenant),
+            attr_wr.data.pd.eq(written.pd),
+        ]
+        m.d.comb += [
+            c.config.eq(qpctx_config(self.qps)),
+            c.status.eq(Cat(busy, error)),
+            *(getattr(c, f"rdata{i}").eq(rdata[32 * i:32 * i + 32]) for i in range(words)),
+        ]
+
+    def _mr_csr(self, m, mr):
+        c = self.mr
+        words = MR_ENTRY.words
+        pending = Signal()
+        running = Signal()
+        error = Signal()
+        op = Signal(2)
+        index = Signal(16)
+        wdata = Signal(32 * words)
+        rdata = Signal(32 * words)
+        busy = Signal()
+        m.d.comb += busy.eq(pending | running)
+        with m.If(c.command_stb):
+            with m.If(busy):
+                m.d.sync += error.eq(1)
+            with m.Else():
+                m.d.sync += [
+                    pending.eq(1), error.eq(0), op.eq(c.command), index.eq(c.index),
+                    wdata.eq(Cat(*(getattr(c, f"wdata{i}") for i in range(words)))),
+                ]
+        m.d.comb += [
+            mr.cmd.valid.eq(pending),
+            mr.cmd.payload.op.eq(op),
+            mr.cmd.payload.index.eq(index),
+            mr.cmd.payload.data.eq(wdata[:MR_ENTRY.width]),
+        ]
+        with m.If(mr.cmd.valid & mr.cmd.ready):
+            m.d.sync += [pending.eq(0), running.eq(1)]
+        with m.If(mr.resp.valid):
+            m.d.sync += [running.eq(0), rdata.eq(mr.resp.payload.data)]
+        m.d.comb += [
+            c.config.eq(mr_config(self.mr_entries, self.mr_pages)),
+            c.status.eq(Cat(busy, error)),
+            *(getattr(c, f"rdata{i}").eq(rdata[32 * i:32 * i + 32]) for i in range(words)),
+        ]
+
