@@ -10,7 +10,7 @@ The store is an in-order pipeline::
 
 A token (a packet request, or a host operation) enters at *issue*, where the memory read port
 samples its index; one clock later (*s1*) the memory word is out, and the token moves into the
-response *queue*, a collapsing queue of ``queue`` registers whose head (entry 0) drives ``resp``.
+response *queue*, a ring of ``queue`` registers whose head (at the read pointer) drives ``resp``.
 Writes come from the consumer (``wb``) and from host WRITEs executed at the head; there is one
 memory write port and so at most one write per clock.
 
@@ -111,7 +111,9 @@ class QpContextStore(wiring.Component):
         token = data.StructLayout({"index": ib, "user": self.user_width, "host": 1})
         entry = data.StructLayout({"tok": token, "ctx": W})
 
-        m.submodules.mem = mem = Memory(data=self.mem_data)
+        # ``no_rw_check``: yosys need not emulate read-during-write (it would add a 462-bit
+        # register and bypass of its own); the store never uses the memory word of a collision.
+        m.submodules.mem = mem = Memory(data=self.mem_data, attrs={"no_rw_check": 1})
         wr = mem.write_port()
         rd = mem.read_port(domain="sync")
 
@@ -131,7 +133,9 @@ class QpContextStore(wiring.Component):
             m.d.sync += [lw_addr.eq(w_addr), lw_data.eq(w_data)]
 
         # ------------------------------------------------------------ state
-        level = Signal(range(Q + 1))         # valid queue entries, from entry 0
+        level = Signal(range(Q + 1))         # valid queue entries
+        rp = Signal(range(Q))                # head entry
+        wp = Signal(range(Q))                # next entry to load
         q = [Signal(entry, name=f"q{k}") for k in range(Q)]
         s1_valid = Signal()                  # a token whose memory read is in flight
         s1 = Signal(token)
@@ -191,7 +195,11 @@ class QpContextStore(wiring.Component):
         ]
 
         # ------------------------------------------------------------ head
-        head = q[0]
+        head = Signal(entry)
+        with m.Switch(rp):
+            for k in range(Q):
+                with m.Case(k):
+                    m.d.comb += head.eq(q[k])
         head_valid = Signal()
         head_host = Signal()
         merged = Signal(W)
@@ -221,33 +229,27 @@ class QpContextStore(wiring.Component):
             m.d.sync += host_busy.eq(0)
 
         # ------------------------------------------------------------ queue
-        # Each entry snoops the write of this edge once (its own comparator); the shift then
-        # picks the snooped copy of itself (hold), of its successor (pop) or the incoming token.
-        snooped = []
+        # A ring rather than a shift register: an entry never moves, so each bit only chooses
+        # between the incoming token (load), the write of this edge (snoop hit) and itself
+        # (clock enable), and only the head pays a Q:1 multiplexer.
+        def advance(ptr):
+            return Mux(ptr == Q - 1, 0, ptr + 1)
+
         for k in range(Q):
             hit = Signal(name=f"q{k}_hit")
-            s = Signal(entry, name=f"q{k}_snooped")
+            load = Signal(name=f"q{k}_load")
             m.d.comb += [
                 hit.eq(w_en & (w_addr == q[k].tok.index)),
-                s.tok.eq(q[k].tok),
-                s.ctx.eq(Mux(hit, w_data, q[k].ctx)),
+                load.eq(s1_valid & (wp == k)),
             ]
-            snooped.append(s)
-        for k in range(Q):
-            # Entries at or past ``level`` are invalid: loading the incoming token into them
-            # is harmless, and it is what the entry at ``level`` (after a pop) must get.
-            with m.If(pop):
-                if k + 1 < Q:
-                    with m.If(level > k + 1):
-                        m.d.sync += q[k].eq(snooped[k + 1])
-                    with m.Else():
-                        m.d.sync += q[k].eq(incoming)
-                else:
-                    m.d.sync += q[k].eq(incoming)
-            with m.Else():
-                with m.If(level > k):
-                    m.d.sync += q[k].eq(snooped[k])
-                with m.Else():
-                    m.d.sync += q[k].eq(incoming)
+            # Entries outside the queue snoop too: harmless, and no valid bit is needed.
+            with m.If(load):
+                m.d.sync += q[k].eq(incoming)
+            with m.Elif(hit):
+                m.d.sync += q[k].ctx.eq(w_data)
+        with m.If(s1_valid):
+            m.d.sync += wp.eq(advance(wp))
+        with m.If(pop):
+            m.d.sync += rp.eq(advance(rp))
         m.d.sync += level.eq(level + s1_valid - pop)
         return m
