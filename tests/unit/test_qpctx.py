@@ -250,21 +250,22 @@ PATTERNS = {
 }
 
 
-@pytest.mark.parametrize("seed", run_seeds([1, 2]))
+@pytest.mark.parametrize("seed", run_seeds([1, 2, 3]))
 @pytest.mark.parametrize("pattern", sorted(PATTERNS))
-@pytest.mark.parametrize("depth,user_width", [(16, 5), (64, 0)])
-def test_random_traffic(depth, user_width, pattern, seed):
+@pytest.mark.parametrize("depth,user_width,queue", [(16, 5, 4), (64, 0, 4), (16, 3, 2), (16, 3, 1)])
+def test_random_traffic(depth, user_width, queue, pattern, seed):
     """Packets (runs on one QP, a few QPs or all of them) with idle cycles, random resp
     backpressure, a same-cycle write-back of every packet, late write-backs to random QPs, and
     host READs and masked WRITEs interleaved at random: every resp ctx (in every cycle it is
     valid), every host result and the final memory match the model; order, index and user
-    are kept; a final host READ of every QP returns the model."""
-    rng = seeded_rng(f"qpctx-random-{depth}-{pattern}", seed)
+    are kept; a final host READ of every QP returns the model. Also with a queue of 1 and 2
+    entries (not full rate, still exact)."""
+    rng = seeded_rng(f"qpctx-random-{depth}-{queue}-{pattern}", seed)
     pick, p_req, p_ready, p_host, p_spont = PATTERNS[pattern]
     qps = pick(depth, rng)
-    dut = QpContextStore(depth, user_width=user_width)
+    dut = QpContextStore(depth, user_width=user_width, queue=queue)
     h = Harness(dut, rng)
-    n = 700
+    n = 700 if queue >= 4 else 300
     packets = [(rng.choice(qps), rng.getrandbits(user_width)) for _ in range(n)]
     host_ops = random_host_ops(rng, 60, qps)
 
@@ -283,7 +284,8 @@ def test_random_traffic(depth, user_width, pattern, seed):
                        if b[0] == a[0] + 1 and b[1] == a[1])
     print(f"{h.edge} clocks, {n} packets, {back_to_back} back to back on one QP, "
           f"{h.wb_count} write-backs, {len(host_ops)} host ops")
-    assert back_to_back > {"one_qp": n // 4, "few_qps": 20, "all_qps": 0}[pattern]
+    if queue >= 3:
+        assert back_to_back > {"one_qp": n // 4, "few_qps": 20, "all_qps": 0}[pattern]
 
 
 # ---------------------------------------------------------------------------------------------
