@@ -38,7 +38,10 @@ Consistency contract:
   result. A host WRITE at the head in a cycle with ``wb.valid``: only one memory write per
   clock, so the head holds (the host write waits and re-merges next cycle); neither is dropped.
 - Full throughput: with ``resp`` always ready and no host operations, one ``req`` per clock
-  with no bubbles (for ``queue >= 3``; ``req.ready`` does not depend on ``resp.ready``).
+  with no bubbles (for ``queue >= 3``; ``req.ready`` does not depend on ``resp.ready``, so a
+  smaller queue is exact but not full rate). A host operation takes one slot of the pipeline
+  (one cycle without a ``resp``) and pulses ``host_resp`` ``LATENCY`` cycles after its
+  transfer when nothing is queued ahead of it (later when packets ahead wait on ``resp``).
 
 Ports (``I`` = ``index_bits``, ``U`` = ``user_width``, ``ctx`` = ``qp_context_layout()``,
 ``N`` = ``len(QP_CONTEXT.fields)``):

@@ -233,10 +233,13 @@ def random_host_ops(rng, n, qps):
 
 
 async def preload(h, ctx):
-    """Every QP gets a random context through host WRITEs with the full mask."""
+    """Every QP gets a random context through host WRITEs with the full mask; with nothing
+    ahead of it, each one is done ``LATENCY`` clocks after its transfer."""
     ops = [(QpHostOp.WRITE, i, h.rng.getrandbits(W), FULL_MASK) for i in range(h.dut.depth)]
+    first = len(h.host_log)
     await run_traffic(h, ctx, [], ops)
     assert h.model == [op[2] for op in ops]
+    assert all(done - issued == h.dut.LATENCY for issued, done, *_ in h.host_log[first:])
 
 
 # ---------------------------------------------------------------------------------------------
