@@ -307,8 +307,10 @@ def random_trace(seed, count, world=None, *, runs=True):
             out.append(Packet(op, qpn, psn=psn, vid=vid, va=va, rkey=key, length=length,
                               payload=payload, desc=f"legit {MR_KINDS[kind]} QP {qp}"))
         elif r < 0.55:
-            # A violation of the MR rules by an otherwise legitimate QP.
-            i = rng.choice(sorted(world.mrs))
+            # A violation of the MR rules by an otherwise legitimate QP, mostly on a region of
+            # its own (so that the bounds and access checks are the ones that fail).
+            own = [j for j, e in world.mrs.items() if (e["tenant"], e["pd"]) == (ctx["tenant"], ctx["pd"])]
+            i = rng.choice(own if own and rng.random() < 0.8 else sorted(world.mrs))
             e = world.mrs[i]
             how = rng.choice(["stale_tag", "bad_index", "other_mr", "bounds_low", "bounds_high",
                               "read_only", "wrap"])
@@ -322,7 +324,8 @@ def random_trace(seed, count, world=None, *, runs=True):
             elif how == "bounds_high":
                 va = e["va"] + e["length"] - length + 1
             elif how == "read_only":
-                op = WRITE_ONLY
+                op = WRITE_ONLY if not e["access"] & Access.REMOTE_WRITE else CMP_SWAP
+                va &= ~7
             elif how == "wrap":
                 va, length = MASK64 - 3, 64
             out.append(Packet(op, qpn, psn=psn, vid=vid, va=va, rkey=key, length=length,

@@ -62,7 +62,7 @@ ANN_WORD = FieldTable("ann_word", [
     ("ctx_state", 3, "QP state in the context the packet saw"),
     ("ctx_epsn", 24, "epsn in the context the packet saw"),
     ("ctx_msn", 24, "msn in the context the packet saw"),
-    ("reserved", 115, "zero"),
+    ("reserved", 19, "zero"),
     ("bus_addr", 64, "MR check: bus address of the first byte"),
     ("span", 32, "MR check: bytes contiguous from bus_addr"),
 ], "m_axis_ann word")
