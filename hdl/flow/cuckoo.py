@@ -5,7 +5,7 @@
 
 The table is ``ways`` block RAMs of ``capacity // ways`` slots, one entry per slot
 (``valid``, 32-bit key, ``value_bits`` value). Key ``k`` may live in way ``w`` only at address
-``h_w(k)`` (H3 hashes, ``stellar.hdl.flow.hash``), or in the ``stash``: a few entries in
+``h_w(k)`` (tabulation hashes, ``stellar.hdl.flow.hash``), or in the ``stash``: a few entries in
 registers, compared in parallel. A lookup reads the key's slot in every way at once and compares
 them and the stash, so the lookup port takes one key per clock at a fixed latency, with no
 backpressure. The host inserts and deletes through a command port; inserts move entries
