@@ -18,8 +18,8 @@ Check semantics (``MrReason``; the first failing check, in this order, names the
   ACCESS        a requested flag is not granted: ``access & ~entry.access != 0``. A local read
                 asks for no flag (``access = 0``) and is always granted (IB semantics).
   BOUNDS        not ``entry.va <= va and va + length <= entry.va + entry.length``, computed on
-                65 bits (no wrap-around at 2**64); for a page-list MR also a page index beyond
-                the page table (it is never read outside).
+                65 bits (no wrap-around at 2**64); for a page-list MR also a page-table row
+                ``pbl_index + page >= pages`` (the table is never read outside).
 Allowed (``length > 0``):
   contiguous MR  ``bus_addr = entry.bus_base + (va - entry.va)`` (mod 2**64), ``span = length``.
   page-list MR   page size ``P = 1 << page_shift``; ``page = (va - entry.va + (entry.va & (P-1)))
@@ -47,12 +47,13 @@ each ``result[n]`` answering ``check[n]``):
                       ``allowed`` 1, ``reason`` 3 (``MrReason``), ``bus_addr`` 64, ``span`` 32,
                       ``tag`` ``tag_bits``; valid exactly ``LATENCY`` cycles after the request.
   ``cmd``        in   ``stream.Signature(cmd_layout())``: ``op`` 2 (``MrOp``), ``index`` 16,
-                      ``data`` ``MR_ENTRY.width`` (a page in bits 63:0). Ready when idle: a
-                      command is taken, then ``cmd.ready`` is low until its ``resp``.
+                      ``data`` ``MR_ENTRY.width`` (a page in bits 63:0). Ready when idle:
+                      after a command is taken ``cmd.ready`` is low until the cycle of its
+                      ``resp`` (one command per ``LATENCY`` cycles).
   ``resp``       out  ``stream.Signature(resp_layout(), always_ready=True)``: a one-cycle pulse
-                      ``LATENCY`` cycles after a command was taken; ``data`` is what a read
-                      read (a page zero-extended), 0 for writes. An index beyond the table reads
-                      as 0 and its writes are ignored.
+                      ``LATENCY`` cycles after a command was taken; ``data``: the entry or
+                      the page (zero-extended) read, 0 for writes. An index beyond the table
+                      reads as 0 and its writes are ignored.
 
 Parameters: ``entries`` (power of two, <= 65536), ``pages`` (1 .. 65536; page-table index
 width 16), ``checkers`` (independent check ports), ``tag_bits`` (width of the request tag).
@@ -122,10 +123,10 @@ class MrProtection(wiring.Component):
         self.checkers = checkers
         self.tag_bits = tag_bits
         super().__init__({
-            "check": In(stream.Signature(check_layout(tag_bits), always_ready=True)).array(checkers),
+            "check":  In(stream.Signature(check_layout(tag_bits), always_ready=True)).array(checkers),
             "result": Out(stream.Signature(result_layout(tag_bits), always_ready=True)).array(checkers),
-            "cmd": In(stream.Signature(cmd_layout())),
-            "resp": Out(stream.Signature(resp_layout(), always_ready=True)),
+            "cmd":    In(stream.Signature(cmd_layout())),
+            "resp":   Out(stream.Signature(resp_layout(), always_ready=True)),
         })
 
     def elaborate(self, platform):
