@@ -45,9 +45,10 @@ Commands:
           stash entry's place, so no undo is needed), stopping at the first that lands. The
           response comes after that: the stash stays as empty as possible.
   LOOKUP  OK and the value, or NOT_FOUND.  NOP: OK.
-  Cycles (``resp.cycles``): 2 for LOOKUP, DELETE, and INSERT into an empty slot or EXISTS;
-  an insert walk adds 2 per eviction (the first eviction 2 more); a FULL answer adds 2 per
-  eviction undone. The next command may be taken the cycle after ``resp``.
+  Cycles (``resp.cycles``): 2 for LOOKUP, DELETE, EXISTS and an INSERT into an empty slot;
+  ``2 + 2 n`` for an insert that made n evictions (into the stash: ``2 + 2 max_kicks``);
+  ``3 + 4 max_kicks`` for FULL (the walk and its undo). A DELETE that re-homes stash entries
+  adds ``2 + 2 n`` per attempt. The next command may be taken the cycle after ``resp``.
 
 Lookup pipeline (``LATENCY`` = 3; a lookup presented in cycle t):
   stage 0 (cycle t)    hash the key for every way; register key, tag and addresses.
@@ -102,6 +103,11 @@ slot in the cycle of its response. Lookups presented after the response cycle se
 Block RAM ports: each way's memory has exactly one read port for lookups and one read port and
 one write port for the manager, the last two always at the same address (yosys maps them to one
 read/write port of a true-dual-port block RAM, e.g. ECP5 DP16KD, without duplicating the memory).
+The lookup read port is declared transparent to the manager's write port although its result
+on that collision is never used (masked, above): Amaranth has no "undefined on collision"
+setting, and its non-transparent default promises the old data, which the two ports of an ECP5
+block RAM cannot give, so yosys duplicated every memory to keep that promise (24 DP16KD instead
+of 12 at capacity 4096). Transparency it can meet without a second copy.
 """
 
 import random
@@ -202,9 +208,10 @@ class FlowTable(wiring.Component):
         for w in range(W):
             mem = Memory(shape=E, depth=self.depth, init=[])
             m.submodules[f"way{w}"] = mem
-            lk_rd.append(mem.read_port(domain="sync"))
+            wr = mem.write_port()
             mg_rd.append(mem.read_port(domain="sync"))
-            mg_wr.append(mem.write_port())
+            lk_rd.append(mem.read_port(domain="sync", transparent_for=(wr,)))
+            mg_wr.append(wr)
 
         def hash_signals(key, prefix):
             out = []
@@ -307,9 +314,11 @@ class FlowTable(wiring.Component):
         victim_any = Signal(range(W))          # uniform in 0..W-1
         victim_skip = Signal(range(W))         # uniform in 0..W-1 except frm
         r_skip = Signal(range(W))
+        def scale(n):     # (rnd * n) >> 8 as shifts and adds (yosys would spend a DSP on it)
+            return sum(rnd << b for b in range(n.bit_length()) if n >> b & 1) >> 8
         m.d.comb += [
-            victim_any.eq((rnd * W) >> 8),
-            r_skip.eq((rnd * (W - 1)) >> 8),
+            victim_any.eq(scale(W)),
+            r_skip.eq(scale(W - 1)),
             victim_skip.eq(r_skip + (r_skip >= frm)),
         ]
 
