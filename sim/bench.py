@@ -32,6 +32,7 @@ Logs of every step land in ``build/bench/logs/``.
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import shutil
@@ -42,11 +43,12 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["main", "SIZES", "WIDTHS", "BLOCKS"]
+__all__ = ["main", "SIZES", "WIDTHS", "BLOCKS", "ALL_BLOCKS"]
 
 SIZES = (64, 128, 256, 1024, 4096, 9000)
 WIDTHS = (64, 512)
 BLOCKS = ("parser", "deparser", "pktloop")
+ALL_BLOCKS = (*BLOCKS, "flow")     # "flow": the flow-table bench, stellar.sim.bench_flow
 # Beats per (block, width, size) and a floor on frames, so small frames see hundreds of frame
 # boundaries and jumbo frames still see several; quick keeps a few boundaries per case.
 RUNS = {"full": {"beats": 4000, "min_frames": 8}, "quick": {"beats": 200, "min_frames": 3}}
@@ -104,12 +106,18 @@ def run_sim(block, width, sizes, run, out_dir):
     """Run :func:`sim_job` in a child process (its Verilator and cocotb output go to a log)
     and forward the bench's per-size lines as progress. Returns the cases, or None."""
     out = out_dir / "raw" / f"{block}_w{width}.json"
-    log_path = out_dir / "logs" / f"sim_{block}_w{width}.log"
-    out.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "stellar.sim.bench", "--sim-job", f"{block}:{width}",
            "--sizes", ",".join(map(str, sizes)), "--beats", str(run["beats"]),
            "--min-frames", str(run["min_frames"]), "--job-out", str(out)]
-    say(f"sim {block} w{width}: Verilator build and run (log {log_path})")
+    return run_child(cmd, f"{block} w{width}", out_dir / "logs" / f"sim_{block}_w{width}.log", out)
+
+
+def run_child(cmd, label, log_path, out):
+    """Run a simulation child ``cmd`` that writes the JSON file ``out``, its output going to
+    ``log_path``; forward its ``BENCH`` lines as progress. Returns (the JSON, seconds); the JSON
+    is None when the child failed."""
+    out.unlink(missing_ok=True)
+    say(f"sim {label}: Verilator build and run (log {log_path})")
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -121,9 +129,9 @@ def run_sim(block, width, sizes, run, out_dir):
         proc.wait()
     seconds = round(time.monotonic() - t0, 1)
     if proc.returncode or not out.is_file():
-        say(f"sim {block} w{width}: FAILED (exit {proc.returncode}) after {seconds} s, see {log_path}")
+        say(f"sim {label}: FAILED (exit {proc.returncode}) after {seconds} s, see {log_path}")
         return None, seconds
-    say(f"sim {block} w{width}: done in {seconds} s")
+    say(f"sim {label}: done in {seconds} s")
     return json.loads(out.read_text()), seconds
 
 
@@ -140,7 +148,13 @@ def yosys_command():
 def synthesize(block, width, out_dir):
     """``synth_ecp5`` of one design in its own folder; returns the resource row."""
     name, src = export(block, width)
-    folder = out_dir / "synth" / f"{block}_w{width}"
+    row = {"design": name if block == "pktloop" else block, "block": block, "width": width}
+    return synth_design(name, src, out_dir / "synth" / f"{block}_w{width}", row)
+
+
+def synth_design(name, src, folder, row):
+    """``synth_ecp5`` of the Verilog file ``src`` (top module ``name``) in ``folder``; adds the
+    seconds and the cell counts (:data:`CELLS`, or ``error``) to ``row`` and returns it."""
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, folder / "design.v")
     (folder / "stat.json").unlink(missing_ok=True)
@@ -148,7 +162,6 @@ def synthesize(block, width, out_dir):
     (folder / "synth.ys").write_text(
         f"read_verilog design.v\nsynth_ecp5 -top {name}\ntee -q -o stat.json stat -json\n")
     t0 = time.monotonic()
-    row = {"design": name if block == "pktloop" else block, "block": block, "width": width}
     with open(folder / "yosys.log", "w") as log:
         try:
             proc = subprocess.run([yosys_command(), "-s", "synth.ys"], cwd=folder, stdout=log,
@@ -170,11 +183,13 @@ def synthesize(block, width, out_dir):
 
 class SynthPool:
     """Runs synthesis jobs on background threads, one at a time while the simulations hold the
-    other core, then as many as there are cores once :meth:`widen` is called."""
+    other core, then as many as there are cores once :meth:`widen` is called.
 
-    def __init__(self, jobs, out_dir):
+    A job is ``(label, fn)``: ``fn()`` synthesizes and returns the resource row (see
+    :func:`synth_design`); ``label`` names it in the progress lines."""
+
+    def __init__(self, jobs):
         self.jobs = list(jobs)
-        self.out_dir = out_dir
         self.rows = []
         self.lock = threading.Lock()
         self.slots = threading.Semaphore(1)
@@ -190,13 +205,13 @@ class SynthPool:
                 with self.lock:
                     if not self.jobs:
                         return
-                    block, width = self.jobs.pop(0)
-                say(f"synth {block} w{width}: synth_ecp5 started")
-                row = synthesize(block, width, self.out_dir)
+                    label, fn = self.jobs.pop(0)
+                say(f"synth {label}: synth_ecp5 started")
+                row = fn()
                 if "error" in row:
-                    say(f"synth {block} w{width}: {row['error']}")
+                    say(f"synth {label}: {row['error']}")
                 else:
-                    say(f"synth {block} w{width}: {row['LUT4']} LUT4, {row['FF']} FF, {row['EBR']} EBR, "
+                    say(f"synth {label}: {row['LUT4']} LUT4, {row['FF']} FF, {row['EBR']} EBR, "
                         f"{row['DSP']} DSP in {row['seconds']} s")
                 with self.lock:
                     self.rows.append(row)
@@ -369,8 +384,8 @@ def _csv_ints(text, allowed=None):
 
 def _csv_blocks(text):
     values = [v for v in text.split(",") if v]
-    if not set(values) <= set(BLOCKS):
-        raise argparse.ArgumentTypeError(f"choose from {','.join(BLOCKS)}")
+    if not set(values) <= set(ALL_BLOCKS):
+        raise argparse.ArgumentTypeError(f"choose from {','.join(ALL_BLOCKS)}")
     return values
 
 
@@ -384,8 +399,11 @@ def main(argv=None):
                     help="data widths (default 64,512)")
     ap.add_argument("--sizes", type=_csv_ints, default=list(SIZES),
                     help="nominal frame sizes in bytes (default 64,128,256,1024,4096,9000)")
-    ap.add_argument("--blocks", type=_csv_blocks, default=list(BLOCKS),
-                    help="which tops to simulate and synthesize (default parser,deparser,pktloop)")
+    ap.add_argument("--blocks", type=_csv_blocks, default=list(ALL_BLOCKS),
+                    help="which benches to run (default parser,deparser,pktloop,flow; flow is the "
+                         "flow-table bench of stellar.sim.bench_flow)")
+    ap.add_argument("--flow-capacities", type=_csv_ints, default=None,
+                    help="flow-table capacities to simulate (default 4096,16384; quick 4096)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench", help="report folder (build/bench)")
     # A child process runs each simulation (its output goes to a log); these are its arguments.
     ap.add_argument("--sim-job", help=argparse.SUPPRESS)
@@ -399,13 +417,19 @@ def main(argv=None):
         sim_job(block, int(width), args.sizes, args.beats, args.min_frames, args.job_out)
         return 0
 
+    from . import bench_flow
+
     out_dir = args.out.resolve()
     for sub in ("raw", "logs"):
         (out_dir / sub).mkdir(parents=True, exist_ok=True)
     mode = "quick" if args.quick else "full"
     run = RUNS[mode]
     notes = []
-    say(f"{mode} run: widths {args.widths}, sizes {args.sizes}, blocks {args.blocks}, "
+    flow = bench_flow.plan(mode, args.flow_capacities, synth=not args.no_synth) \
+        if bench_flow.FLOW in args.blocks else None
+    args.blocks = [b for b in args.blocks if b in BLOCKS]
+    say(f"{mode} run: widths {args.widths}, sizes {args.sizes}, blocks {args.blocks}"
+        f"{', flow table' if flow else ''}, "
         f"{'no synthesis' if args.no_synth else 'with synthesis'}; report in {out_dir}")
 
     # Verilog first, in this process: the synthesis threads and simulation children then only
@@ -415,15 +439,21 @@ def main(argv=None):
             t0 = time.monotonic()
             name, path = export(block, width)
             say(f"verilog {name} w{width}: {path} ({time.monotonic() - t0:.1f} s)")
+    if flow:
+        bench_flow.export_all(flow)
 
     synth_widths = [] if args.no_synth else [w for w in args.widths if not (args.quick and w != 64)]
     if args.quick and not args.no_synth and synth_widths != args.widths:
         notes.append("Quick run: synthesis at 64 bits only (the 512-bit designs take minutes each; "
                      "`make bench` synthesizes both widths).")
-    # Longest first, so the last job to finish is a short one.
-    jobs = [(b, w) for w in sorted(synth_widths, reverse=True)
+    # Longest first, so the last job to finish is a short one (the whole RX flow top first).
+    jobs = [(f"{b} w{w}", functools.partial(synthesize, b, w, out_dir))
+            for w in sorted(synth_widths, reverse=True)
             for b in sorted(args.blocks, key=("pktloop", "parser", "deparser").index)]
-    pool = SynthPool(jobs, out_dir) if jobs else None
+    if flow:
+        big, small = bench_flow.synth_jobs(flow, out_dir)
+        jobs = big + jobs + small
+    pool = SynthPool(jobs) if jobs else None
 
     cases, sim_seconds, failed = [], {}, []
     for width in args.widths:
@@ -434,13 +464,24 @@ def main(argv=None):
                 failed.append(f"{block} w{width}")
             else:
                 cases += result
+    flow_sims = bench_flow.run_sims(flow, out_dir) if flow else None
     t_sim = time.monotonic() - _T0
-    rows = []
+    rows = flow_rows = []
     if pool:
         pool.widen()
         if pool.jobs:
             say("simulations done; synthesis continues on every core")
-        rows = resource_rows(pool.join(), synth_widths)
+        all_rows = pool.join()
+        flow_rows = [r for r in all_rows if r.get("bench") == bench_flow.FLOW]
+        rows = resource_rows([r for r in all_rows if r.get("bench") != bench_flow.FLOW], synth_widths)
+    broken, flow_table = False, None
+    if flow:
+        broken, flow_table = bench_flow.write_report(flow, flow_sims, flow_rows, out_dir, t_sim)
+    if not args.blocks:
+        print()
+        print(flow_table, flush=True)
+        say(f"done in {round(time.monotonic() - _T0, 1)} s")
+        return 1 if broken else 0
 
     order = {b: i for i, b in enumerate(BLOCKS)}
     cases.sort(key=lambda c: (order[c["block"]], c["width"], c["size"]))
@@ -470,11 +511,13 @@ def main(argv=None):
     (out_dir / "packet_engine.md").write_text(table)
     print()
     print(table, flush=True)
+    if flow_table:
+        print(flow_table, flush=True)
     say(f"wrote {out_dir / 'packet_engine.json'} and {out_dir / 'packet_engine.md'} "
         f"in {report['elapsed_s']['total']} s")
     # Off-target numbers are a finding and exit 0; a crashed simulation, a failed synthesis or
     # wrong data means the numbers above are incomplete or meaningless.
-    broken = failed or any("error" in r for r in rows) or any(not c["ok"] for c in cases)
+    broken = broken or failed or any("error" in r for r in rows) or any(not c["ok"] for c in cases)
     return 1 if broken else 0
 
 
