@@ -41,9 +41,9 @@ FLOW = "flow"
 # Per mode: capacities simulated, key streams per capacity, idle-phase cycles, churn pairs (first
 # run of each capacity), capacities and RX-flow QP counts synthesized.
 PLANS = {
-    "full": {"capacities": (4096, 16384), "seeds": 5, "sequential": True, "idle_cycles": 4000,
+    "full": {"capacities": (4096, 16384), "seeds": 10, "sequential": True, "idle_cycles": 4000,
              "churn": 1000, "synth_capacities": (1024, 4096, 16384), "rxflow_qps": (256, 4096)},
-    "quick": {"capacities": (4096,), "seeds": 1, "sequential": False, "idle_cycles": 1000,
+    "quick": {"capacities": (4096,), "seeds": 2, "sequential": False, "idle_cycles": 1000,
               "churn": 100, "synth_capacities": (4096,), "rxflow_qps": (256,)},
 }
 RXFLOW_WIDTH = 64
@@ -221,6 +221,13 @@ def summarize(runs, capacities):
                 "bands": bands,
             },
             "full_answer_cycles": _stats([r["full_answer_cycles"] for r in mine]),
+            "delete_cycles_emptying": {
+                "deletes": sum(r["empty_delete_cycles"]["deletes"] for r in mine),
+                "mean": round(sum(r["empty_delete_cycles"]["mean"] * r["empty_delete_cycles"]["deletes"]
+                                  for r in mine) / max(1, sum(r["empty_delete_cycles"]["deletes"]
+                                                              for r in mine)), 3),
+                "max": max(r["empty_delete_cycles"]["max"] for r in mine),
+            },
             "churn": [dict(r["churn"], keys=r["keys"]) for r in mine if r["churn"]],
         })
     return out
@@ -252,7 +259,7 @@ def markdown(report):
         "|--:|---|--:|--:|--:|--:|--:|",
     ]
     what = {"fill": "while inserting (fill to FULL)", "idle": "no command",
-            "churn": "delete + insert at full load"}
+            "churn": "delete + insert at full load", "empty": "while deleting every key"}
     for c in s:
         lat = c["latency"]
         latency = str(lat["min"]) if lat["min"] == lat["max"] else f"{lat['min']}..{lat['max']}"
@@ -290,7 +297,10 @@ def markdown(report):
         "host inserts per cycle = inserts / (cycles + 1 per insert). The FULL answer itself (a "
         "128-eviction walk and its undo) is not in the mean: "
         + ", ".join(f"{c['capacity']}: {c['full_answer_cycles']['max']} cycles" for c in s
-                    if c["full_answer_cycles"]) + ".",
+                    if c["full_answer_cycles"]) + ". Deletes, emptying the full table in random "
+        "order (mean / max cycles): "
+        + ", ".join(f"{c['capacity']}: {c['delete_cycles_emptying']['mean']:.2f} / "
+                    f"{c['delete_cycles_emptying']['max']}" for c in s) + ".",
     ]
     if s and s[0]["insert_cycles_random"]["bands"]:
         bands = s[0]["insert_cycles_random"]["bands"]

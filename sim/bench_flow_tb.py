@@ -13,6 +13,9 @@ stream: the DUT is reset (empty table), then
 ``churn``  (first run of a capacity only) ``churn`` pairs of DELETE of a stored key and INSERT
            of a new one, at the load the fill reached: deletes re-home stash entries, inserts
            walk long paths, and both move entries under the lookups.
+``empty``  every stored key deleted, in random order, until ``occupancy`` and ``stash_used``
+           are 0. Reset clears the registers but not the block RAMs, so this is also what
+           gives the next run an empty table.
 
 In every cycle of all three phases a lookup is presented (the port has no backpressure): half
 of them a stored key, a tenth the key of the command in progress, the rest a fresh random key
@@ -325,7 +328,16 @@ async def one_run(tb, dut, capacity, spec, idle_cycles, churn):
             "delete_cycles": {"mean": round(sum(dels) / len(dels), 2), "max": max(dels)},
             "insert_cycles": {"mean": round(sum(ins) / len(ins), 2), "max": max(ins)},
         }
+    bench.phase = phases["empty"] = Phase("empty")
+    dels = []
+    while bench.keys:
+        victim = bench.keys[bench.rng.randrange(len(bench.keys))]
+        _s, _v, cyc, _o, _st = await bench.command(FlowOp.DELETE, victim)
+        dels.append(cyc)
     await bench.drain()
+    left = dut.occupancy.value.to_unsigned(), dut.stash_used.value.to_unsigned()
+    if left != (0, 0):
+        bench.error(f"after deleting every key: occupancy {left[0]}, stash_used {left[1]}")
 
     cyc = [c for _o, c in ok_samples]
     return {
@@ -342,6 +354,8 @@ async def one_run(tb, dut, capacity, spec, idle_cycles, churn):
         "latency": {"min": min(bench.latency), "max": max(bench.latency),
                     "histogram": {str(k): v for k, v in sorted(bench.latency.items())}},
         "churn": churn_stats,
+        "empty_delete_cycles": {"deletes": len(dels), "mean": round(sum(dels) / len(dels), 3),
+                                "max": max(dels)},
         "resp_cycles_mismatches": bench.mismatched_cycles,
         "sim_cycles": bench.cycle,
     }
