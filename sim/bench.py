@@ -1,12 +1,15 @@
-"""``make bench``: line rate, bubbles, latency and ECP5 resources of the packet engine.
+"""``make bench``: line rate, bubbles, latency and ECP5 resources of the packet engine, and
+the flow-table bench of :mod:`stellar.sim.bench_flow` (block ``flow``).
 
 A report, not a test: no number here passes or fails anything. It writes
 ``build/bench/packet_engine.json`` (everything measured) and ``build/bench/packet_engine.md``
-(the tables), and prints the tables at the end::
+(the tables), ``build/bench/flow_table.json`` and ``.md`` for the flow table (see that module),
+and prints the tables at the end::
 
     python -m stellar.sim.bench            # full run (both widths, all sizes, synthesis)
     python -m stellar.sim.bench --quick    # fewer frames per size, synthesis at 64 bits only
     python -m stellar.sim.bench --no-synth --widths 64 --sizes 256 --blocks parser
+    python -m stellar.sim.bench --blocks flow --flow-capacities 4096   # the flow table only
 
 Cycle counts (exact, from Verilator; :mod:`stellar.sim.bench_tb`): for each data width (64,
 512) and nominal frame size (64, 128, 256, 1024, 4096, 9000 bytes; RoCEv2 frames are 2 mod 4
@@ -26,7 +29,9 @@ YoWASP tools run sandboxed and only see the folder they start in, so each synthe
 
 Time (2 cores): the simulations run one after another while synthesis runs beside them on the
 other core (both cores once the simulations are done). Synthesis is the long pole: the 512-bit
-``stellar_pktloop`` takes a few minutes, so ``--quick`` synthesizes the 64-bit designs only.
+``stellar_pktloop`` and the RX flow top ``stellar_rxflow`` take a few minutes each (the latter
+starts first), so ``--quick`` synthesizes the 64-bit designs only (and ``stellar_rxflow`` with
+256 QPs only).
 Logs of every step land in ``build/bench/logs/``.
 """
 
@@ -428,8 +433,9 @@ def main(argv=None):
     flow = bench_flow.plan(mode, args.flow_capacities, synth=not args.no_synth) \
         if bench_flow.FLOW in args.blocks else None
     args.blocks = [b for b in args.blocks if b in BLOCKS]
-    say(f"{mode} run: widths {args.widths}, sizes {args.sizes}, blocks {args.blocks}"
-        f"{', flow table' if flow else ''}, "
+    engine = f"widths {args.widths}, sizes {args.sizes}, blocks {args.blocks}" if args.blocks else ""
+    table = f"flow table at {list(flow['capacities'])} entries" if flow else ""
+    say(f"{mode} run: {', '.join(t for t in (engine, table) if t)}, "
         f"{'no synthesis' if args.no_synth else 'with synthesis'}; report in {out_dir}")
 
     # Verilog first, in this process: the synthesis threads and simulation children then only
