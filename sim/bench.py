@@ -30,8 +30,8 @@ YoWASP tools run sandboxed and only see the folder they start in, so each synthe
 Time (2 cores): the simulations run one after another while synthesis runs beside them on the
 other core (both cores once the simulations are done). Synthesis is the long pole: the 512-bit
 ``stellar_pktloop`` and the RX flow top ``stellar_rxflow`` take a few minutes each (the latter
-starts first), so ``--quick`` synthesizes the 64-bit designs only (and ``stellar_rxflow`` with
-256 QPs only).
+starts first), so ``--quick`` synthesizes the 64-bit designs only (and of the flow-table
+designs, the table at 4096 entries only).
 Logs of every step land in ``build/bench/logs/``.
 """
 

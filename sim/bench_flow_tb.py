@@ -89,12 +89,15 @@ class Phase:
         self.name = name
         self.lookups = 0
         self.results = 0
+        self.hits = 0
+        self.checked = 0        # results compared with the model (not the in-flight key's)
         self.first = None       # cycle of the first lookup
         self.last = None        # cycle of the last lookup
 
     def summary(self):
         cycles = 0 if self.first is None else self.last - self.first + 1
         return {"lookups": self.lookups, "results": self.results, "cycles": cycles,
+                "hits": self.hits, "checked": self.checked,
                 # Rounded for reading; the counts above are exact.
                 "results_per_cycle": round(self.results / cycles, 4) if cycles else None}
 
@@ -215,9 +218,11 @@ class FlowBench:
         tag = r_tag.value.to_unsigned()
         if tag != lcycle & TAG_MASK:
             self.error(f"result tag {tag} but the oldest lookup was presented in cycle {lcycle}")
+        hit = bool(r_hit.value)
+        phase.hits += hit
         if not check:
             return
-        hit = bool(r_hit.value)
+        phase.checked += 1
         if expect is None and hit:
             self.error(f"lookup {key} (cycle {lcycle}) hit value {r_value.value.to_unsigned()}, "
                        f"the key is not stored")
