@@ -484,8 +484,9 @@ def main(argv=None):
     if flow:
         broken, flow_table = bench_flow.write_report(flow, flow_sims, flow_rows, out_dir, t_sim)
     if not args.blocks:
-        print()
-        print(flow_table, flush=True)
+        if flow_table:
+            print()
+            print(flow_table, flush=True)
         say(f"done in {round(time.monotonic() - _T0, 1)} s")
         return 1 if broken else 0
 
