@@ -87,19 +87,26 @@ def main(argv=None):
                  "mr.rx_drop_access", "mr.rx_drop_bounds", "pktengine.tx_frames"):
         print(f"    {name:26s} {c[name]:8d}")
     print()
-    print("  the cross-tenant attack, and a sample of the trace (what the NIC decided)")
-    shown = [r for r in rows if r["desc"].startswith("attack")]
-    shown += [r for r in rows if not r["desc"].startswith("attack")][:12]
-    for r in shown:
+    attacks = [r for r in rows if r["desc"].startswith("attack")]
+    print(f"  the cross-tenant attack ({len(attacks)} attack packets in the trace, "
+          f"{sum(1 for r in attacks if not r['ann']['passed'])} dropped), then a sample of each verdict")
+    shown = attacks[:3]
+    for v in VERDICTS:
+        shown += [r for r in rows if not r["desc"].startswith(("attack", "run "))
+                  and r["ann"]["reason"] == v][:2]
+    run = [r for r in rows if r["desc"].startswith("run ")][:4]
+    for r in shown + run:
         a = r["ann"]
         vlan = "untagged" if r["vid"] is None else f"VLAN {r['vid']}"
         verdict = "PASS" if a["passed"] else f"DROP {VERDICTS[a['reason']]}"
         mr = ""
         if a["mr_kind"]:
             mr = f" MR {MR_KINDS[a['mr_kind']]}" + (f" -> bus {a['bus_addr']:#x}" if a["passed"] else "")
+        seen = (f" PSN {a['psn']:#08x}, saw epsn {a['ctx_epsn']:#08x} msn {a['ctx_msn']}"
+                if r in run else "")
         qp = f"QP {a['qp']}" if a["qp"] or a["passed"] else "no QP"
-        print(f"    {vlan:9s} tenant {a['tenant']} {H.opcode_name(a['opcode']):30s} "
-              f"QPN {a['dest_qp']:#08x} {qp:8s} {verdict:16s}{mr}   ({r['desc']})")
+        print(f"    {vlan:9s} tenant {a['tenant']} {H.opcode_name(a['opcode']):28s} "
+              f"QPN {a['dest_qp']:#08x} {qp:8s} {verdict:16s}{mr}{seen}   ({r['desc']})")
     print()
     print(f"  files: {out}/rx.pcap, tx.pcap, annotations.json (one verdict per packet)")
     print(f"  wall time {time.monotonic() - t0:.1f} s; waves: rerun with WAVES=1")
