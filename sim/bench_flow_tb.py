@@ -2,8 +2,8 @@
 #      SIAM J. Comput. 39 (2009) (load thresholds of d-ary cuckoo tables)
 """cocotb benchmark of the flow table: exact cycle counts, written as JSON (not a test).
 
-Run by :mod:`stellar.sim.bench_flow` (``make bench``) on ``stellar_bench_flowtable``
-(:class:`stellar.sim.bench_tops.FlowTableBench`) through :func:`stellar.sim.runner.run_cocotb`,
+Run by :mod:`stellar.sim.bench_flow` (``make bench``) on ``stellar_flowtable``
+(:func:`stellar.sim.bench_tops.flowtable_top`) through :func:`stellar.sim.runner.run_cocotb`,
 one Verilator build per capacity. One cocotb test, ``bench_flow``, does one *run* per key
 stream: the DUT is reset (empty table), then
 

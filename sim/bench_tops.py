@@ -31,15 +31,11 @@ trimmed as unobserved. Ports follow the AXI single-underscore naming of DESIGN.m
 
 Parameter of every packet-engine factory: ``width``, the data width in bits (64 or 512).
 
-The flow-table bench (:mod:`stellar.sim.bench_flow`) has a top of its own here too:
-
-``FlowTableBench``  :class:`stellar.hdl.flow.cuckoo.FlowTable` with its streams split into flat
-                   ports named after what they carry (``lookup_tenant``, ``result_hit``, ...,
-                   the same names as the ``stellar_flowtable`` test top), exported as
-                   ``stellar_bench_flowtable``. Parameter: ``capacity``; the table's other
-                   parameters are those the RX flow pipeline ships with (4 ways, 4 stash
-                   entries, 128 kicks, seed 0), plus an 8-bit lookup tag so the bench can pair
-                   every result with its lookup and measure the latency exactly.
+The flow-table bench (:mod:`stellar.sim.bench_flow`) measures the shipped ``stellar_flowtable``
+top (:mod:`stellar.hdl.top.flowtable`) through ``flowtable_top(capacity)``: the table's other
+parameters are those the RX flow pipeline ships with (4 ways, 4 stash entries, 128 kicks, seed
+0), plus an 8-bit lookup tag so the bench pairs every result with its lookup and measures the
+latency exactly.
 """
 
 from amaranth.hdl import Module
@@ -47,17 +43,17 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from stellar.hdl.axil import FlatPorts
 from stellar.hdl.axis import AxiStreamSignature, axis_to_stream, stream_to_axis
-from stellar.hdl.flow.cuckoo import FlowTable
-from stellar.hdl.flow.fields import QPN_BITS, TENANT_BITS
 from stellar.hdl.net.deparser import Deparser
 from stellar.hdl.net.layout import record_layout
 from stellar.hdl.net.parser import Parser
+from stellar.hdl.top.flowtable import TOP_NAME as FLOWTABLE_TOP_NAME
+from stellar.hdl.top.flowtable import verilog_top as flowtable_verilog_top
 from stellar.hdl.top.pktloop import TOP_NAME, verilog_top
 
-__all__ = ["ParserBench", "DeparserBench", "FlowTableBench", "parser_top", "deparser_top",
+__all__ = ["ParserBench", "DeparserBench", "parser_top", "deparser_top",
            "flowtable_top", "TOPS", "FLOW_TOP_NAME", "FLOW_TAG_BITS"]
 
-FLOW_TOP_NAME = "stellar_bench_flowtable"
+FLOW_TOP_NAME = FLOWTABLE_TOP_NAME
 FLOW_TAG_BITS = 8       # results are paired with lookups by a tag: the cycle number mod 256
 
 
@@ -113,80 +109,11 @@ def deparser_top(width=64):
     return FlatPorts(DeparserBench(width))
 
 
-class FlowTableBench(wiring.Component):
-    """The flow table alone, every port flat (directions from the table's side):
-
-    ``lookup_valid``, ``lookup_tenant`` (8), ``lookup_qpn`` (24), ``lookup_tag`` (``tag_bits``)
-    in; ``result_valid``, ``result_hit``, ``result_value`` (``value_bits``), ``result_tag`` out;
-    ``cmd_valid``, ``cmd_op`` (2, ``FlowOp``), ``cmd_tenant``, ``cmd_qpn``, ``cmd_value`` in,
-    ``cmd_ready`` out; ``resp_valid``, ``resp_status`` (2, ``FlowStatus``), ``resp_value``,
-    ``resp_cycles`` (16), ``busy``, ``occupancy`` (``value_bits + 1``), ``stash_used`` out.
-
-    The always-ready streams have no ``ready`` port (a constant 1 cannot be a Verilog input),
-    which is why :class:`stellar.hdl.axil.FlatPorts` cannot wrap the table directly.
-    """
-
-    def __init__(self, capacity=4096, *, tag_bits=FLOW_TAG_BITS, **table):
-        self.table = FlowTable(capacity, tag_bits=tag_bits, **table)
-        self.LATENCY = self.table.LATENCY
-        vb = self.table.value_bits
-        super().__init__({
-            "lookup_valid":  In(1),
-            "lookup_tenant": In(TENANT_BITS),
-            "lookup_qpn":    In(QPN_BITS),
-            "lookup_tag":    In(tag_bits),
-            "result_valid":  Out(1),
-            "result_hit":    Out(1),
-            "result_value":  Out(vb),
-            "result_tag":    Out(tag_bits),
-            "cmd_valid":     In(1),
-            "cmd_ready":     Out(1),
-            "cmd_op":        In(2),
-            "cmd_tenant":    In(TENANT_BITS),
-            "cmd_qpn":       In(QPN_BITS),
-            "cmd_value":     In(vb),
-            "resp_valid":    Out(1),
-            "resp_status":   Out(2),
-            "resp_value":    Out(vb),
-            "resp_cycles":   Out(16),
-            "busy":          Out(1),
-            "occupancy":     Out(vb + 1),
-            "stash_used":    Out(self.table.stash_used.shape()),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.table = t = self.table
-        lk, res, cmd, resp = t.lookup, t.result, t.cmd, t.resp
-        m.d.comb += [
-            lk.valid.eq(self.lookup_valid),
-            lk.payload.key.tenant.eq(self.lookup_tenant),
-            lk.payload.key.qpn.eq(self.lookup_qpn),
-            lk.payload.tag.eq(self.lookup_tag),
-            self.result_valid.eq(res.valid),
-            self.result_hit.eq(res.payload.hit),
-            self.result_value.eq(res.payload.value),
-            self.result_tag.eq(res.payload.tag),
-            cmd.valid.eq(self.cmd_valid),
-            self.cmd_ready.eq(cmd.ready),
-            cmd.payload.op.eq(self.cmd_op),
-            cmd.payload.key.tenant.eq(self.cmd_tenant),
-            cmd.payload.key.qpn.eq(self.cmd_qpn),
-            cmd.payload.value.eq(self.cmd_value),
-            self.resp_valid.eq(resp.valid),
-            self.resp_status.eq(resp.payload.status),
-            self.resp_value.eq(resp.payload.value),
-            self.resp_cycles.eq(resp.payload.cycles),
-            self.busy.eq(t.busy),
-            self.occupancy.eq(t.occupancy),
-            self.stash_used.eq(t.stash_used),
-        ]
-        return m
-
-
 def flowtable_top(capacity=4096):
-    """``stellar_bench_flowtable``: :class:`FlowTableBench` at ``capacity`` slots."""
-    return FlowTableBench(capacity)
+    """The flow table alone at ``capacity`` slots: the shipped ``stellar_flowtable`` top
+    (:mod:`stellar.hdl.top.flowtable`) with an 8-bit lookup tag (results are paired with their
+    lookups by the cycle number mod 256)."""
+    return flowtable_verilog_top(capacity, tag_bits=FLOW_TAG_BITS)
 
 
 # Block name (as the bench reports it) -> (Verilog module name, factory).
