@@ -338,7 +338,7 @@ class RxFlowPipeline(wiring.Component):
         ann_a = Signal(ann_l)
         m.d.comb += [
             ann_a.roce.eq(a_key.roce),
-            ann_a.tenant.eq(a_tenant),
+            ann_a.tenant.eq(Mux(a_key.roce, a_tenant, 0)),   # non-RoCE frames were not looked up
             ann_a.qp.eq(Mux(a_hit, a_qp, 0)),
             ann_a.mr_kind.eq(Mux(check.valid, a_key.kind, 0)),
         ]
