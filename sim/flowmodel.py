@@ -23,7 +23,7 @@ from stellar.hdl.net import headers as H
 from . import packets
 
 __all__ = ["World", "Packet", "Outcome", "default_world", "FlowModel", "mr_check", "random_trace",
-           "attack_packets", "VERDICTS", "MR_KINDS"]
+           "attack_packets", "coverage_packets", "VERDICTS", "MR_KINDS"]
 
 # FlowVerdict / MrKind values (stellar.hdl.flow.rxflow), spelled out for the reports.
 VERDICTS = {0: "pass", 1: "tenant", 2: "unknown_qp", 3: "rkey", 4: "access", 5: "bounds"}
@@ -254,6 +254,24 @@ def attack_packets(world):
                payload=b"\xEE" * 64, desc="attack: tenant 1 QPN 0x11 with tenant 2 rkey"),
         Packet(READ_REQUEST, 0x11, psn=9, vid=vid1, va=va2, rkey=key2, length=256,
                desc="attack: tenant 1 reads tenant 2 memory"),
+    ]
+
+
+def coverage_packets(world):
+    """One packet per verdict of ``default_world`` (pass, tenant, unknown QP, rkey, access,
+    bounds), so a short random trace still reaches every one."""
+    vid1 = world.tenant_vid(1)
+    mr1, mr3 = world.mrs[1], world.mrs[3]
+    return [
+        Packet(WRITE_ONLY, 0x11, psn=1, vid=vid1, va=mr1["va"] + 64, rkey=world.key(1), length=32,
+               payload=b"\x11" * 32, desc="coverage: legit write"),
+        Packet(SEND_ONLY, 0x11, psn=2, vid=300, payload=b"\x22" * 8, desc="coverage: unmapped VLAN"),
+        Packet(SEND_ONLY, 0x999, psn=3, vid=vid1, payload=b"\x33" * 8, desc="coverage: unknown QPN"),
+        attack_packets(world)[1],
+        Packet(WRITE_ONLY, 0x11, psn=4, vid=vid1, va=mr3["va"], rkey=world.key(3), length=16,
+               payload=b"\x44" * 16, desc="coverage: write to a read-only region"),
+        Packet(WRITE_ONLY, 0x11, psn=5, vid=vid1, va=mr1["va"] + mr1["length"] - 8,
+               rkey=world.key(1), length=16, payload=b"\x55" * 16, desc="coverage: past the end"),
     ]
 
 

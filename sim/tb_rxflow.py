@@ -37,6 +37,7 @@ from .flowmodel import (
     FlowModel,
     Packet,
     attack_packets,
+    coverage_packets,
     default_world,
     random_trace,
 )
@@ -219,8 +220,10 @@ async def multi_tenant_trace(dut):
     await tb.program(world)
     model = FlowModel(world)
     pkts = random_trace(cocotb.RANDOM_SEED, tb_param("frames", int, 200), world)
-    # Frames the packet engine drops never reach the lookups; they go last so ordering is plain.
     rng = random.Random(cocotb.RANDOM_SEED)
+    for p in coverage_packets(world):       # every verdict, whatever the random draw
+        pkts.insert(rng.randrange(len(pkts) + 1), p)
+    # Frames the packet engine drops never reach the lookups; they go last so ordering is plain.
     bad = [packets.corrupted_frame("icrc_payload", rng)[0] for _ in range(3)]
     others = [packets.non_roce_frame(k, rng, vlan=rng.random() < 0.5)[0]
               for k in list(packets.NON_ROCE_KINDS)[:4]]
