@@ -435,6 +435,9 @@ async def stress(dut):
     assert stress.checked_lookups == stress.lookups
     for status in FlowStatus:
         assert summary["status"][status.name] > 0, f"no {status.name} answer in {stress.sent} commands"
-    # A cuckoo table with 2+ ways and a stash reaches well past half load before its first FULL;
-    # refusing earlier is a broken hash or kick walk even though no answer was wrong.
-    assert summary["first_full_load"] >= 0.5, summary
+    # Refusing far below the load a cuckoo table reaches is a broken hash or kick walk even
+    # though no answer was wrong. 4 ways with 128 kicks fill past 95 % (make bench: 95.1 % is
+    # the lowest of 20 fills); 2 ways sit at the 50 % threshold of 2-choice cuckoo hashing, and a
+    # 256-slot table with 16 kicks has been seen to refuse at 48 %, so only a gross failure counts.
+    floor = 0.9 if tb.ways >= 4 and tb.max_kicks >= 64 else 0.35
+    assert summary["first_full_load"] >= floor, summary
