@@ -26,7 +26,7 @@ from cocotbext.axi import (
     AxiStreamSink,
     AxiStreamSource,
 )
-from stellar.hdl.flow.fields import QP_CONTEXT, QpState
+from stellar.hdl.flow.fields import MR_ENTRY, QP_CONTEXT, Access, QpState, make_key
 from stellar.hdl.regmap import FEATURE_FLOW, FEATURE_MR, FEATURE_QPCTX, MAGIC, REGMAP, decode_feature
 from stellar.hdl.top.rxflow import ANN_WORD
 from stellar.host.tables import Tables
@@ -154,7 +154,6 @@ class RxFlowTB(TB):
 
 
 def _mr_word(e):
-    from stellar.hdl.flow.fields import MR_ENTRY
     return MR_ENTRY.pack(e)
 
 
@@ -206,6 +205,22 @@ async def host_tables(dut):
         assert await t.read_page(slot) == addr
     for index, e in world.mrs.items():
         assert await t.read_mr(index) == e, index
+
+    # The driver's own MR registration: contiguous and page list, then invalidation.
+    key = await t.write_mr(7, tag=0x5A, tenant=3, pd=33, access=Access.REMOTE_WRITE | Access.REMOTE_READ,
+                           va=0x1234_5000, length=0x2000, bus_base=0xDEAD_0000)
+    assert key == make_key(7, 0x5A)
+    assert await t.read_mr(7) == MR_ENTRY.unpack(MR_ENTRY.pack(
+        valid=1, tag=0x5A, tenant=3, pd=33, access=6, va=0x1234_5000, length=0x2000,
+        bus_base=0xDEAD_0000))
+    pages = [0x7_0000_0000 + 0x1000 * i for i in range(3)]
+    await t.write_mr(8, tag=1, tenant=3, pd=33, access=Access.REMOTE_ATOMIC, va=0x800, length=0x2800,
+                     pages=pages, page_shift=12, pbl_index=100)
+    got = await t.read_mr(8)
+    assert (got["page_list"], got["pbl_index"], got["page_shift"], got["bus_base"]) == (1, 100, 12, 0)
+    assert [await t.read_page(100 + i) for i in range(3)] == pages
+    await t.invalidate_mr(7)
+    assert (await t.read_mr(7))["valid"] == 0
 
 
 @cocotb.test()
