@@ -58,7 +58,7 @@ Parameters: ``data_width`` (64 or 512), ``qps`` (flow-table capacity = QP contex
 
 import enum as py_enum
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -66,13 +66,13 @@ from amaranth.lib.wiring import In, Out
 
 from ..csr import block_signature
 from ..net import headers as H
-from ..net.layout import DropReason, beat_layout, record_layout
-from ..net.parser import Parser
+from ..net.layout import beat_layout, record_layout
+from ..net.parser import Parser, count_rx
 from ..pktfifo import PacketFifo
 from ..regmap import REGMAP, flow_config, mr_config, pktengine_config, qpctx_config
 from .cuckoo import FlowTable
 from .fields import MR_ENTRY, PD_BITS, QP_CONTEXT, TENANT_BITS, Access, MrReason
-from .layouts import flow_key_layout, qp_context_layout
+from .layouts import qp_context_layout
 from .mr import MrProtection
 from .qpctx import QpContextStore, QpHostOp
 from .vlan import VLAN_ENTRY, VlanTenantMap
@@ -440,22 +440,10 @@ class RxFlowPipeline(wiring.Component):
         ]
 
         # ------------------------------------------------------------ packet-engine counters
-        ecn = Signal(2)
-        m.d.comb += ecn.eq(Mux(meta.ipv6, meta.ipv6_ecn, meta.ipv4_ecn))
-        pe = self.pktengine
-        dropped = meta.drop | rxbuf.i_overflow
+        count_rx(m, self.pktengine, meta, last, rxbuf.i_overflow)
         m.d.comb += [
-            pe.config.eq(pktengine_config(W)),
-            pe.rx_frames_inc.eq(last),
-            pe.rx_roce_inc.eq(last & meta.roce),
-            pe.rx_non_roce_inc.eq(last & ~meta.roce),
-            pe.rx_ecn_ce_inc.eq(last & meta.roce & ~dropped & (ecn == 3)),
-            pe.rx_drop_icrc_inc.eq(last & (meta.reason == DropReason.ICRC)),
-            pe.rx_drop_ip_checksum_inc.eq(last & (meta.reason == DropReason.IP_CHECKSUM)),
-            pe.rx_drop_malformed_inc.eq(last & (meta.reason == DropReason.MALFORMED)),
-            pe.rx_drop_opcode_inc.eq(last & (meta.reason == DropReason.OPCODE)),
-            pe.rx_drop_overflow_inc.eq(last & ~meta.drop & rxbuf.i_overflow),
-            pe.tx_frames_inc.eq(self.tx_frame),
+            self.pktengine.config.eq(pktengine_config(W)),
+            self.pktengine.tx_frames_inc.eq(self.tx_frame),
         ]
 
         # ------------------------------------------------------------ host management
@@ -466,39 +454,58 @@ class RxFlowPipeline(wiring.Component):
         return m
 
     # Each management path: the CSR command pulse is held as a pending request until the
-    # block takes it; a command written while one is pending or running is ignored and
-    # flagged (status.error) rather than queued, so the driver's view stays simple.
+    # block takes it; a command written while one is pending or running (or an unknown one) is
+    # ignored and flagged (status.error) rather than queued, so the driver's view stays simple.
 
-    def _flow_csr(self, m, flow):
-        c = self.flow
+    @staticmethod
+    def _command_slot(m, stb, known, cmd, done):
+        """The pending/running/error bookkeeping of one management path. ``stb``: the CSR
+        command pulse; ``known``: the command value is one the block has; ``cmd``: the block's
+        command stream (its ``valid`` is driven here); ``done``: the block's answer pulse.
+        Returns ``(start, busy, error)``: latch the command's operands in the clock of ``start``."""
+        known = Value.cast(known)
         pending = Signal()
         running = Signal()
         error = Signal()
+        busy = Signal()
+        start = Signal()
+        m.d.comb += [
+            busy.eq(pending | running),
+            start.eq(stb & ~busy & known),
+            cmd.valid.eq(pending),
+        ]
+        with m.If(stb):
+            m.d.sync += error.eq(busy | ~known)
+        with m.If(start):
+            m.d.sync += pending.eq(1)
+        with m.If(cmd.valid & cmd.ready):
+            m.d.sync += [pending.eq(0), running.eq(1)]
+        with m.If(done):
+            m.d.sync += running.eq(0)
+        return start, busy, error
+
+    @staticmethod
+    def _window(c, prefix, words):
+        """The CSR data window ``<prefix>0 .. <prefix>{words-1}`` as one value, word 0 lowest."""
+        return Cat(*(getattr(c, f"{prefix}{i}") for i in range(words)))
+
+    def _flow_csr(self, m, flow):
+        c = self.flow
+        start, busy, error = self._command_slot(m, c.command_stb, 1, flow.cmd, flow.resp.valid)
         done = Signal()
         outcome = Signal(2)
         value = Signal(16)
         cycles = Signal(16)
-        op = Signal(2)
-        key = Signal(flow_key_layout())
-        val = Signal(flow.value_bits)
-        busy = Signal()
-        m.d.comb += busy.eq(pending | running)
-        with m.If(c.command_stb):
-            with m.If(busy):
-                m.d.sync += error.eq(1)
-            with m.Else():
-                m.d.sync += [pending.eq(1), error.eq(0), done.eq(0), op.eq(c.command),
-                             key.tenant.eq(c.key_tenant), key.qpn.eq(c.key_qpn), val.eq(c.value)]
-        m.d.comb += [
-            flow.cmd.valid.eq(pending),
-            flow.cmd.payload.op.eq(op),
-            flow.cmd.payload.key.eq(key),
-            flow.cmd.payload.value.eq(val),
-        ]
-        with m.If(flow.cmd.valid & flow.cmd.ready):
-            m.d.sync += [pending.eq(0), running.eq(1)]
+        with m.If(start):
+            m.d.sync += [
+                done.eq(0),
+                flow.cmd.payload.op.eq(c.command),
+                flow.cmd.payload.key.tenant.eq(c.key_tenant),
+                flow.cmd.payload.key.qpn.eq(c.key_qpn),
+                flow.cmd.payload.value.eq(c.value),
+            ]
         with m.If(flow.resp.valid):
-            m.d.sync += [running.eq(0), done.eq(1), outcome.eq(flow.resp.payload.status),
+            m.d.sync += [done.eq(1), outcome.eq(flow.resp.payload.status),
                          value.eq(flow.resp.payload.value), cycles.eq(flow.resp.payload.cycles)]
         m.d.comb += [
             c.config.eq(flow_config(self.qps, flow.ways, flow.stash, FlowTable.LATENCY)),
@@ -529,45 +536,27 @@ class RxFlowPipeline(wiring.Component):
     def _qpctx_csr(self, m, store, attr_wr):
         c = self.qpctx
         words = QP_CONTEXT.words
-        pending = Signal()
-        running = Signal()
-        error = Signal()
-        op = Signal()
-        index = Signal(self.index_bits)
-        mask = Signal(len(QP_CONTEXT.fields))
-        wdata = Signal(32 * words)
+        known = Signal()
+        m.d.comb += known.eq((c.command == 1) | (c.command == 2))
+        start, busy, error = self._command_slot(m, c.command_stb, known, store.host,
+                                                store.host_resp.valid)
+        host = store.host.payload
+        with m.If(start):
+            m.d.sync += [
+                host.op.eq(Mux(c.command == 2, QpHostOp.WRITE, QpHostOp.READ)),
+                host.index.eq(c.index),
+                host.mask.eq(c.mask),
+                host.ctx.eq(self._window(c, "wdata", words)[:QP_CONTEXT.width]),
+            ]
         rdata = Signal(32 * words)
-        busy = Signal()
-        m.d.comb += busy.eq(pending | running)
-        valid_cmd = Signal()
-        m.d.comb += valid_cmd.eq((c.command == 1) | (c.command == 2))
-        with m.If(c.command_stb):
-            with m.If(busy | ~valid_cmd):
-                m.d.sync += error.eq(1)
-            with m.Else():
-                m.d.sync += [
-                    pending.eq(1), error.eq(0),
-                    op.eq(Mux(c.command == 2, QpHostOp.WRITE, QpHostOp.READ)),
-                    index.eq(c.index), mask.eq(c.mask),
-                    wdata.eq(Cat(*(getattr(c, f"wdata{i}") for i in range(words)))),
-                ]
-        m.d.comb += [
-            store.host.valid.eq(pending),
-            store.host.payload.op.eq(op),
-            store.host.payload.index.eq(index),
-            store.host.payload.ctx.eq(wdata[:QP_CONTEXT.width]),
-            store.host.payload.mask.eq(mask),
-        ]
-        with m.If(store.host.valid & store.host.ready):
-            m.d.sync += [pending.eq(0), running.eq(1)]
         written = Signal(qp_context_layout())
         m.d.comb += written.eq(store.host_resp.payload.ctx)
         with m.If(store.host_resp.valid):
-            m.d.sync += [running.eq(0), rdata.eq(store.host_resp.payload.ctx)]
+            m.d.sync += rdata.eq(written)
         # The attribute RAM follows the context as written (tenant and PD for the MR check).
         m.d.comb += [
-            attr_wr.en.eq(store.host_resp.valid & (op == QpHostOp.WRITE)),
-            attr_wr.addr.eq(index),
+            attr_wr.en.eq(store.host_resp.valid & (host.op == QpHostOp.WRITE)),
+            attr_wr.addr.eq(host.index),
             attr_wr.data.tenant.eq(written.tenant),
             attr_wr.data.pd.eq(written.pd),
         ]
@@ -580,36 +569,18 @@ class RxFlowPipeline(wiring.Component):
     def _mr_csr(self, m, mr):
         c = self.mr
         words = MR_ENTRY.words
-        pending = Signal()
-        running = Signal()
-        error = Signal()
-        op = Signal(2)
-        index = Signal(16)
-        wdata = Signal(32 * words)
+        start, busy, error = self._command_slot(m, c.command_stb, 1, mr.cmd, mr.resp.valid)
+        with m.If(start):
+            m.d.sync += [
+                mr.cmd.payload.op.eq(c.command),
+                mr.cmd.payload.index.eq(c.index),
+                mr.cmd.payload.data.eq(self._window(c, "wdata", words)[:MR_ENTRY.width]),
+            ]
         rdata = Signal(32 * words)
-        busy = Signal()
-        m.d.comb += busy.eq(pending | running)
-        with m.If(c.command_stb):
-            with m.If(busy):
-                m.d.sync += error.eq(1)
-            with m.Else():
-                m.d.sync += [
-                    pending.eq(1), error.eq(0), op.eq(c.command), index.eq(c.index),
-                    wdata.eq(Cat(*(getattr(c, f"wdata{i}") for i in range(words)))),
-                ]
-        m.d.comb += [
-            mr.cmd.valid.eq(pending),
-            mr.cmd.payload.op.eq(op),
-            mr.cmd.payload.index.eq(index),
-            mr.cmd.payload.data.eq(wdata[:MR_ENTRY.width]),
-        ]
-        with m.If(mr.cmd.valid & mr.cmd.ready):
-            m.d.sync += [pending.eq(0), running.eq(1)]
         with m.If(mr.resp.valid):
-            m.d.sync += [running.eq(0), rdata.eq(mr.resp.payload.data)]
+            m.d.sync += rdata.eq(mr.resp.payload.data)
         m.d.comb += [
             c.config.eq(mr_config(self.mr_entries, self.mr_pages)),
             c.status.eq(Cat(busy, error)),
             *(getattr(c, f"rdata{i}").eq(rdata[32 * i:32 * i + 32]) for i in range(words)),
         ]
-

@@ -62,7 +62,7 @@ from .crc import icrc_finish, materialize
 from .icrc import IcrcLanes, icrc_capture
 from .layout import MAX_FRAME_BITS, DropReason, beat_layout, record_layout, unpack_header
 
-__all__ = ["Parser", "HEADER_WINDOW", "ipv4_checksum_ok", "ipv4_header_sum"]
+__all__ = ["Parser", "HEADER_WINDOW", "ipv4_checksum_ok", "ipv4_header_sum", "count_rx"]
 
 HEADER_WINDOW = 128
 assert H.MAX_HEADER_BYTES <= HEADER_WINDOW
@@ -421,3 +421,23 @@ class Parser(wiring.Component):
         ]
         return m
 
+
+def count_rx(m, pe, meta, last, overflow):
+    """Drive the receive counters of the ``pktengine`` register block (``pe``: its CSR ports)
+    from the parser's record ``meta``, ``last`` (a frame's last beat leaves the parser this clock)
+    and ``overflow`` (that frame did not fit the receive buffer). Shared by every top that puts a
+    receive buffer behind the parser; ``config`` and ``tx_frames_inc`` stay with the top."""
+    ecn = Signal(2)
+    m.d.comb += ecn.eq(Mux(meta.ipv6, meta.ipv6_ecn, meta.ipv4_ecn))
+    dropped = meta.drop | overflow
+    m.d.comb += [
+        pe.rx_frames_inc.eq(last),
+        pe.rx_roce_inc.eq(last & meta.roce),
+        pe.rx_non_roce_inc.eq(last & ~meta.roce),
+        pe.rx_ecn_ce_inc.eq(last & meta.roce & ~dropped & (ecn == 3)),
+        pe.rx_drop_icrc_inc.eq(last & (meta.reason == DropReason.ICRC)),
+        pe.rx_drop_ip_checksum_inc.eq(last & (meta.reason == DropReason.IP_CHECKSUM)),
+        pe.rx_drop_malformed_inc.eq(last & (meta.reason == DropReason.MALFORMED)),
+        pe.rx_drop_opcode_inc.eq(last & (meta.reason == DropReason.OPCODE)),
+        pe.rx_drop_overflow_inc.eq(last & ~meta.drop & overflow),
+    ]

@@ -23,7 +23,7 @@ import argparse
 from pathlib import Path
 
 from amaranth.back import verilog
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
@@ -32,8 +32,8 @@ from ..axil import AxiLiteSignature, FlatPorts
 from ..axis import AxiStreamSignature, axis_to_stream, stream_to_axis
 from ..csr import AxiLiteCsrBank
 from ..net.deparser import Deparser
-from ..net.layout import DropReason, beat_layout, record_layout
-from ..net.parser import Parser
+from ..net.layout import beat_layout, record_layout
+from ..net.parser import Parser, count_rx
 from ..pktfifo import PacketFifo
 from ..regmap import RegisterMap, pktengine_block, pktengine_config
 
@@ -98,24 +98,11 @@ class PacketLoopback(wiring.Component):
         ]
         m.d.comb += stream_to_axis(deparser.o, self.m_axis_tx)
 
-        ecn = Signal(2)
-        m.d.comb += ecn.eq(meta.ipv4_ecn)
-        with m.If(meta.ipv6):
-            m.d.comb += ecn.eq(meta.ipv6_ecn)
-        pe = csr.pktengine
-        dropped = meta.drop | rxbuf.i_overflow
+        count_rx(m, csr.pktengine, meta, last, rxbuf.i_overflow)
         m.d.comb += [
-            pe.config.eq(pktengine_config(W)),
-            pe.rx_frames_inc.eq(last),
-            pe.rx_roce_inc.eq(last & meta.roce),
-            pe.rx_non_roce_inc.eq(last & ~meta.roce),
-            pe.rx_ecn_ce_inc.eq(last & meta.roce & ~dropped & (ecn == 3)),
-            pe.rx_drop_icrc_inc.eq(last & (meta.reason == DropReason.ICRC)),
-            pe.rx_drop_ip_checksum_inc.eq(last & (meta.reason == DropReason.IP_CHECKSUM)),
-            pe.rx_drop_malformed_inc.eq(last & (meta.reason == DropReason.MALFORMED)),
-            pe.rx_drop_opcode_inc.eq(last & (meta.reason == DropReason.OPCODE)),
-            pe.rx_drop_overflow_inc.eq(last & ~meta.drop & rxbuf.i_overflow),
-            pe.tx_frames_inc.eq(self.m_axis_tx.tvalid & self.m_axis_tx.tready & self.m_axis_tx.tlast),
+            csr.pktengine.config.eq(pktengine_config(W)),
+            csr.pktengine.tx_frames_inc.eq(self.m_axis_tx.tvalid & self.m_axis_tx.tready
+                                           & self.m_axis_tx.tlast),
         ]
         return m
 
