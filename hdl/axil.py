@@ -16,7 +16,7 @@ their natural nested interfaces and are wrapped at export time::
 every top's port list.
 """
 
-from amaranth.hdl import Module, ValueCastable
+from amaranth.hdl import Const, Module, ValueCastable
 from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -106,8 +106,10 @@ class FlatPorts(wiring.Component):
     Meant for Verilog export only: ``verilog.convert(FlatPorts(top), name=...)``. A member
     ``s_axil`` of ``AxiLiteSignature`` comes out as ``s_axil_awaddr``, ..., ``s_axil_rready``;
     array elements get their index (``lane_0``). ``clk`` and ``rst`` are added by ``convert``
-    as usual. Raises ``NameError`` if two paths join to the same name (e.g. members ``a_b`` and
-    ``a.b``), rather than silently merging ports.
+    as usual. An input the component ties to a constant (the ``ready`` of an ``Out`` stream
+    with ``always_ready``, the ``valid`` of an ``In`` stream with ``always_valid``) gets no
+    port: there is nothing to drive. Raises ``NameError`` if two paths join to the same name
+    (e.g. members ``a_b`` and ``a.b``), rather than silently merging ports.
 
     Parameters
     ----------
@@ -119,7 +121,9 @@ class FlatPorts(wiring.Component):
         self._inner = component
         self._paths = {}
         members = {}
-        for path, member, _value in component.signature.flatten(component):
+        for path, member, value in component.signature.flatten(component):
+            if member.flow == In and isinstance(value, Const):
+                continue
             name = "_".join(map(str, path))
             if name in members:
                 self._MustUse__silence = True  # a wrapper that failed to build is not "unused"
