@@ -76,7 +76,8 @@ __all__ = [
     "Register", "Block", "MappedRegister", "RegisterMap",
     "encode_version", "decode_version", "encode_feature", "decode_feature",
     "pktengine_block", "pktengine_config", "flow_block", "flow_config", "qpctx_block",
-    "qpctx_config", "mr_block", "mr_config", "BLOCKS", "REGMAP",
+    "qpctx_config", "mr_block", "mr_config", "transport_block", "transport_config", "GIDS",
+    "BLOCKS", "REGMAP",
 ]
 
 ACCESS = ("ro", "rw", "counter", "clear", "command")
@@ -95,12 +96,14 @@ FEATURE_PKTENGINE = 1
 FEATURE_FLOW = 2
 FEATURE_QPCTX = 3
 FEATURE_MR = 4
+FEATURE_TRANSPORT = 5
 
 FEATURE_NAMES = {
     FEATURE_PKTENGINE: "pktengine",
     FEATURE_FLOW: "flow",
     FEATURE_QPCTX: "qpctx",
     FEATURE_MR: "mr",
+    FEATURE_TRANSPORT: "transport",
 }
 
 
@@ -545,12 +548,86 @@ def mr_block(name="mr", base=0x0400):
     ], feature=FEATURE_MR)
 
 
+# --- RC transport -----------------------------------------------------------------------------
+
+GIDS = 4   # local addresses (GID table entries) a QP's sgid_index can select
+
+
+def transport_config(qps, sq_depth, rq_depth, data_width):
+    """Value the gateware drives on ``transport.config``."""
+    return (_log2(qps) | (_log2(sq_depth) << 8) | (_log2(rq_depth) << 16)
+            | (_log2(data_width // 64) << 24) | (_log2(GIDS) << 28))
+
+
+def _gid_registers(base):
+    regs = []
+    for i in range(GIDS):
+        off = base + 0x20 * i
+        regs += [
+            Register(f"gid{i}_mac_lo", off, 32, "rw", f"GID {i}: source MAC bits 31:0."),
+            Register(f"gid{i}_mac_hi", off + 4, 16, "rw", f"GID {i}: source MAC bits 47:32."),
+            Register(f"gid{i}_flags", off + 8, 1, "rw", f"GID {i}: bit 0 = IPv6 address (else IPv4 "
+                     "in ip0)."),
+            *[Register(f"gid{i}_ip{j}", off + 0x10 + 4 * j, 32, "rw",
+                       f"GID {i}: source IP bits {32 * j + 31}:{32 * j} (IPv4 in ip0).")
+              for j in range(4)],
+        ]
+    return regs
+
+
+def transport_block(name="transport", base=0x0500):
+    """RC transport: requester/responder parameters, the local GID table, and its counters."""
+    return Block(name, base, 1, "RC transport (stellar.hdl.transport.engine): responder PSN "
+                 "checks, ACK coalescing, NAKs, READ responses; requester segmentation, window, "
+                 "go-back-N retransmission and ACK timers. Per-QP parameters live in the QP "
+                 "context; a host write of the context that includes sq_psn re-initializes the "
+                 "QP's requester state (send queue emptied, PSNs from sq_psn), one that includes "
+                 "epsn re-initializes its responder state.", [
+        Register("config", 0x00, 32, "ro", "Build configuration: bits 7:0 log2(QPs), 15:8 "
+                 "log2(send-queue depth per QP), 23:16 log2(receive-queue depth per QP), 27:24 "
+                 "log2(data width / 64), 31:28 log2(GID entries)."),
+        _clear(),
+        Register("ack_coalesce", 0x08, 8, "rw", "Responder: send an ACK at least every this many "
+                 "accepted SEND/WRITE packets even without AckReq (0: only on AckReq).", init=16),
+        Register("ackreq_shift", 0x0C, 4, "rw", "Requester: set AckReq on packets whose PSN is "
+                 "2**n - 1 modulo 2**n (besides the last packet of each message and the one that "
+                 "fills the window).", init=3),
+        Register("window", 0x10, 16, "rw", "Requester: at most this many PSNs outstanding per "
+                 "QP (unacknowledged).", init=64),
+        Register("tick_cycles", 0x14, 24, "rw", "Clock cycles per timer tick; the tick is the "
+                 "4.096 us unit of the local ACK timeout (4.096 us * 2**timeout) and RNR delays. "
+                 "Reset: 1024 (4.096 us at 250 MHz).", init=1024),
+        Register("now", 0x18, 32, "ro", "Timer ticks since reset."),
+        *_gid_registers(0x80),
+        _counter("rx_requests", 0x20, "Responder: request packets accepted in sequence."),
+        _counter("rx_duplicates", 0x24, "Responder: duplicate requests (re-ACKed or READ "
+                 "re-executed)."),
+        _counter("rx_out_of_sequence", 0x28, "Responder: requests ahead of the expected PSN "
+                 "(one PSN-sequence NAK per gap, the rest silently dropped)."),
+        _counter("tx_naks", 0x2C, "Responder: NAKs sent (sequence, RNR, invalid request, remote "
+                 "access)."),
+        _counter("tx_acks", 0x30, "ACKs sent."),
+        _counter("rx_drop_state", 0x34, "Packets dropped: QP not in a state that accepts them, "
+                 "or an opcode the RC transport does not execute."),
+        _counter("tx_packets", 0x38, "Requester: request packets sent (new and retransmitted)."),
+        _counter("retransmits", 0x3C, "Requester: go-back-N rewinds (NAK, timeout, RNR retry)."),
+        _counter("timeouts", 0x40, "Requester: local ACK timer expiries acted upon."),
+        _counter("rx_acks", 0x44, "Requester: ACK/NAK/READ responses accepted."),
+        _counter("rx_stale", 0x48, "Requester: responses ignored (duplicate, stale or out of "
+                 "sequence)."),
+        _counter("completions", 0x4C, "Completions written (send and receive, any status)."),
+        _counter("qp_errors", 0x50, "QPs moved to ERROR by the transport."),
+        _counter("tx_read_responses", 0x54, "Responder: RDMA READ response packets sent."),
+    ], feature=FEATURE_TRANSPORT)
+
+
 # Every feature block of the design, in any order. New blocks are appended here.
 BLOCKS = [
     pktengine_block(),
     flow_block(),
     qpctx_block(),
     mr_block(),
+    transport_block(),
 ]
 
 REGMAP = RegisterMap(BLOCKS)

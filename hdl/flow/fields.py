@@ -188,6 +188,7 @@ QP_CONTEXT = FieldTable("qp_context", [
     ("flow_label", 20, "IPv6 flow label on transmit"),
     ("udp_sport", 16, "UDP source port on transmit (ECMP entropy)"),
     ("sl", 3, "service level: 802.1p priority on transmit"),
+    ("tx_vlan", 13, "transmit VLAN tag: bit 12 set = tagged with VID bits 11:0 (PCP = sl); 0 = untagged"),
     ("cc", 64, "reserved for the congestion-control state (DCQCN / pacing); zero until used"),
 ], "Per-QP state, read at lookup and written back by the transport (one word per QP index).")
 

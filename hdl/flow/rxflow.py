@@ -163,7 +163,8 @@ def _delay(m, value, cycles, name):
 
 class RxFlowPipeline(wiring.Component):
     def __init__(self, data_width=64, *, qps=4096, mr_entries=1024, mr_pages=1024,
-                 rx_buffer_bytes=32768, records=256):
+                 rx_buffer_bytes=32768, records=256, pass_mr_failures=False):
+        self.pass_mr_failures = pass_mr_failures
         self.data_width = data_width
         self.qps = qps
         self.mr_entries = mr_entries
@@ -180,6 +181,11 @@ class RxFlowPipeline(wiring.Component):
             "dropped":   Out(stream.Signature(rx_meta_layout(self.index_bits))),
             "wb":        In(self._store_sig.wb.signature.flip()),
             "tx_frame":  In(1),
+            "ctx_written": Out(stream.Signature(data.StructLayout({
+                "index": self.index_bits, "mask": len(QP_CONTEXT.fields),
+                "ctx": qp_context_layout()}), always_ready=True)),
+            "set_state": In(stream.Signature(data.StructLayout({
+                "index": self.index_bits, "state": 3}))),
             "pktengine": Out(block_signature(REGMAP.block("pktengine"))),
             "flow":      Out(block_signature(REGMAP.block("flow"))),
             "qpctx":     Out(block_signature(REGMAP.block("qpctx"))),
@@ -363,7 +369,8 @@ class RxFlowPipeline(wiring.Component):
                 d_ann.span.eq(result.payload.span),
             ]
             with m.If(~result.payload.allowed):
-                m.d.comb += d_ann.drop.eq(1)
+                # The transport NAKs them (remote access error) when asked to see them.
+                m.d.comb += d_ann.drop.eq(not self.pass_mr_failures)
                 with m.Switch(result.payload.reason):
                     with m.Case(MrReason.BAD_KEY, MrReason.PD_TENANT):
                         m.d.comb += d_ann.reason.eq(FlowVerdict.RKEY)
@@ -382,9 +389,9 @@ class RxFlowPipeline(wiring.Component):
             fl.rx_drop_tenant_inc.eq(v_ok & v_ann.drop & (v_ann.reason == FlowVerdict.TENANT)),
             fl.rx_drop_unknown_qp_inc.eq(v_ok & v_ann.drop & (v_ann.reason == FlowVerdict.UNKNOWN_QP)),
             mrc.rx_mr_checks_inc.eq(v_ok & (v_ann.mr_kind != 0)),
-            mrc.rx_drop_rkey_inc.eq(v_ok & v_ann.drop & (v_ann.reason == FlowVerdict.RKEY)),
-            mrc.rx_drop_access_inc.eq(v_ok & v_ann.drop & (v_ann.reason == FlowVerdict.ACCESS)),
-            mrc.rx_drop_bounds_inc.eq(v_ok & v_ann.drop & (v_ann.reason == FlowVerdict.BOUNDS)),
+            mrc.rx_drop_rkey_inc.eq(v_ok & (v_ann.reason == FlowVerdict.RKEY)),
+            mrc.rx_drop_access_inc.eq(v_ok & (v_ann.reason == FlowVerdict.ACCESS)),
+            mrc.rx_drop_bounds_inc.eq(v_ok & (v_ann.reason == FlowVerdict.BOUNDS)),
         ]
 
         # ------------------------------------------------------------ QP context read
@@ -538,9 +545,34 @@ class RxFlowPipeline(wiring.Component):
         words = QP_CONTEXT.words
         known = Signal()
         m.d.comb += known.eq((c.command == 1) | (c.command == 2))
-        start, busy, error = self._command_slot(m, c.command_stb, known, store.host,
-                                                store.host_resp.valid)
-        host = store.host.payload
+        # The store's host port serves two masters: the CSR command slot, and the transport's
+        # state changes (a QP moved to ERROR), as a masked write of the state field. The CSR
+        # slot has priority; the owner of the operation in flight routes its answer.
+        slot = stream.Signature(store.host.payload.shape()).create()
+        csr_op = Signal()           # the operation in flight is the CSR's
+        done = Signal()
+        m.d.comb += done.eq(store.host_resp.valid & csr_op)
+        start, busy, error = self._command_slot(m, c.command_stb, known, slot, done)
+        host = slot.payload
+        ss = self.set_state
+        with m.If(slot.valid):
+            m.d.comb += [store.host.valid.eq(1), store.host.payload.eq(slot.payload),
+                         slot.ready.eq(store.host.ready)]
+        with m.Else():
+            m.d.comb += [store.host.valid.eq(ss.valid),
+                         store.host.payload.op.eq(QpHostOp.WRITE),
+                         store.host.payload.index.eq(ss.payload.index),
+                         store.host.payload.mask.eq(QP_CONTEXT.mask(["state"])),
+                         store.host.payload.ctx.state.eq(ss.payload.state),
+                         ss.ready.eq(store.host.ready)]
+        with m.If(store.host.valid & store.host.ready):
+            m.d.sync += csr_op.eq(slot.valid)
+        op_mask = Signal(len(QP_CONTEXT.fields))
+        op_write = Signal()
+        op_index = Signal(self.index_bits)
+        with m.If(store.host.valid & store.host.ready):
+            m.d.sync += [op_mask.eq(store.host.payload.mask), op_index.eq(store.host.payload.index),
+                         op_write.eq(store.host.payload.op == QpHostOp.WRITE)]
         with m.If(start):
             m.d.sync += [
                 host.op.eq(Mux(c.command == 2, QpHostOp.WRITE, QpHostOp.READ)),
@@ -551,14 +583,21 @@ class RxFlowPipeline(wiring.Component):
         rdata = Signal(32 * words)
         written = Signal(qp_context_layout())
         m.d.comb += written.eq(store.host_resp.payload.ctx)
-        with m.If(store.host_resp.valid):
+        with m.If(done):
             m.d.sync += rdata.eq(written)
-        # The attribute RAM follows the context as written (tenant and PD for the MR check).
+        # The attribute RAM follows the context as written (tenant and PD for the MR check), and
+        # so does the transport (ctx_written: its transmit copy and state initialization).
+        wrote = Signal()
         m.d.comb += [
-            attr_wr.en.eq(store.host_resp.valid & (host.op == QpHostOp.WRITE)),
-            attr_wr.addr.eq(host.index),
+            wrote.eq(store.host_resp.valid & op_write),
+            attr_wr.en.eq(wrote),
+            attr_wr.addr.eq(op_index),
             attr_wr.data.tenant.eq(written.tenant),
             attr_wr.data.pd.eq(written.pd),
+            self.ctx_written.valid.eq(wrote),
+            self.ctx_written.payload.index.eq(op_index),
+            self.ctx_written.payload.mask.eq(op_mask),
+            self.ctx_written.payload.ctx.eq(written),
         ]
         m.d.comb += [
             c.config.eq(qpctx_config(self.qps)),

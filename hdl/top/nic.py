@@ -1,0 +1,203 @@
+# Ref: IBTA Vol 1 Annex A17 (RoCEv2); IBTA Vol 1 ch. 9.7 (RC transport)
+"""``stellar_nic``: one complete RoCEv2 RC NIC core, and ``stellar_nic2``: two of them, for
+simulations where NIC A and NIC B talk through a network model.
+
+::
+
+    s_axis_rx -> RxFlowPipeline --o_meta/o--> RcTransport --tx--> TxBuilder -> Deparser -> m_axis_tx
+                 (parser, ICRC,    <---wb---   |  ^  |             |  ^
+                  tenants, flow,               |  |  +-- dma write  |  +-- dma read (payload)
+                  MR check, QP ctx)            |  |        \\        /
+                                  s_axis_wr ---+  |         Dma (AXI4 master) --> m_axi (host memory)
+                                  s_axis_rr ---+  +--> m_axis_cq
+    s_axil -> CSR bank (ident, pktengine, flow, qpctx, mr, transport)
+
+Ports (single-underscore AXI names, DESIGN.md): ``clk``, ``rst``; ``s_axis_rx_*`` / ``m_axis_tx_*``
+(Ethernet frames without FCS, ``W``-bit); ``m_axi_*`` (AXI4 master, 64-bit addresses, ``W``-bit
+data, the host memory); ``s_axil_*`` (AXI4-Lite CSR, 16-bit addresses); ``s_axis_wr_*``
+(work requests, one 576-bit beat each: ``stellar.hdl.transport.formats.WORK_REQUEST``),
+``s_axis_rr_*`` (receive requests, 192-bit beats: ``RECV_REQUEST``), ``m_axis_cq_*``
+(completions, 192-bit beats: ``COMPLETION``). ``stellar_nic2`` has the same ports twice, prefixed
+``a_`` and ``b_``.
+
+The work-request, receive-request and completion streams stand for the host queues until the
+host interface (DMA-fetched rings, doorbells) exists; tests drive them directly.
+
+``python -m stellar.hdl.top.nic --width 64|512 --qps N [--two] -o build/verilog`` writes the
+Verilog.
+"""
+
+import argparse
+from pathlib import Path
+
+from amaranth.back import verilog
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from ..axil import AxiLiteSignature, FlatPorts
+from ..axis import AxiStreamSignature, axis_to_stream, stream_to_axis
+from ..csr import AxiLiteCsrBank
+from ..dma.axi4 import Axi4Signature
+from ..dma.engine import Dma
+from ..flow.rxflow import RxFlowPipeline
+from ..net.deparser import Deparser
+from ..regmap import REGMAP
+from ..transport.engine import RcTransport
+from ..transport.formats import COMPLETION, RECV_REQUEST, WORK_REQUEST
+from ..transport.txbuild import TxBuilder
+
+__all__ = ["NicCore", "NicPair", "TOP_NAME", "PAIR_NAME", "WR_BITS", "RR_BITS", "CQ_BITS",
+           "verilog_top", "convert"]
+
+TOP_NAME = "stellar_nic"
+PAIR_NAME = "stellar_nic2"
+
+
+def _bytes_bits(width):
+    return -(-width // 64) * 64
+
+
+WR_BITS = _bytes_bits(WORK_REQUEST.width)      # 576
+RR_BITS = _bytes_bits(RECV_REQUEST.width)      # 192
+CQ_BITS = _bytes_bits(COMPLETION.width)        # 192
+
+
+def nic_signature(data_width):
+    return {
+        "s_axis_rx": In(AxiStreamSignature(data_width)),
+        "m_axis_tx": Out(AxiStreamSignature(data_width)),
+        "m_axi":     Out(Axi4Signature(64, data_width, 4)),
+        "s_axil":    In(AxiLiteSignature(16)),
+        "s_axis_wr": In(AxiStreamSignature(WR_BITS)),
+        "s_axis_rr": In(AxiStreamSignature(RR_BITS)),
+        "m_axis_cq": Out(AxiStreamSignature(CQ_BITS)),
+    }
+
+
+class NicCore(wiring.Component):
+    """One NIC core (see the module docstring).
+
+    Parameters: ``data_width`` (64 or 512), ``qps`` (QP indexes: flow-table capacity, contexts,
+    transport state), ``sq_depth`` / ``rq_depth`` (work requests per QP), ``mr_entries``,
+    ``mr_pages``.
+    """
+
+    def __init__(self, data_width=64, *, qps=16, sq_depth=16, rq_depth=16, mr_entries=64,
+                 mr_pages=64):
+        self.data_width = data_width
+        self.qps = qps
+        self.sq_depth = sq_depth
+        self.rq_depth = rq_depth
+        self.mr_entries = mr_entries
+        self.mr_pages = mr_pages
+        super().__init__(nic_signature(data_width))
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.data_width
+        m.submodules.pipe = pipe = RxFlowPipeline(W, qps=self.qps, mr_entries=self.mr_entries,
+                                                  mr_pages=self.mr_pages, pass_mr_failures=True)
+        m.submodules.transport = tp = RcTransport(W, qps=self.qps, sq_depth=self.sq_depth,
+                                                  rq_depth=self.rq_depth)
+        m.submodules.builder = tb = TxBuilder(W, tp.index_bits)
+        m.submodules.deparser = dep = Deparser(W)
+        m.submodules.dma = dma = Dma(W)
+        m.submodules.csr = csr = AxiLiteCsrBank(REGMAP)
+
+        wiring.connect(m, wiring.flipped(self.s_axil), csr.s_axil)
+        for block in ("pktengine", "flow", "qpctx", "mr"):
+            wiring.connect(m, getattr(pipe, block), getattr(csr, block))
+        wiring.connect(m, tp.csr, csr.transport)
+
+        # receive: wire -> pipeline -> transport
+        m.d.comb += axis_to_stream(self.s_axis_rx, pipe.i)
+        wiring.connect(m, pipe.o_meta, tp.rx_meta)
+        wiring.connect(m, pipe.o, tp.rx)
+        wiring.connect(m, tp.wb, pipe.wb)
+        wiring.connect(m, pipe.ctx_written, tp.ctx_written)
+        wiring.connect(m, tp.set_state, pipe.set_state)
+        m.d.comb += pipe.dropped.ready.eq(1)     # dropped frames are counted by the pipeline
+
+        # transmit: transport -> builder -> deparser -> wire
+        wiring.connect(m, tp.tx, tb.desc)
+        m.d.comb += [tp.txc_addr.eq(tb.ctx_addr), tp.txc_en.eq(tb.ctx_en),
+                     tb.ctx_data.eq(tp.txc_data), tb.gid.eq(tp.gid)]
+        wiring.connect(m, tb.o_meta, dep.i_meta)
+        wiring.connect(m, tb.o, dep.i)
+        m.d.comb += stream_to_axis(dep.o, self.m_axis_tx)
+        m.d.comb += pipe.tx_frame.eq(self.m_axis_tx.tvalid & self.m_axis_tx.tready
+                                     & self.m_axis_tx.tlast)
+
+        # host memory
+        wiring.connect(m, tb.dma_cmd, dma.rd_cmd)
+        wiring.connect(m, dma.rd_data, tb.dma_data)
+        wiring.connect(m, tp.dma_wcmd, dma.wr_cmd)
+        wiring.connect(m, tp.dma_wdata, dma.wr_data)
+        m.d.comb += tp.dma_wdone.eq(dma.wr_done.valid)
+        wiring.connect(m, dma.m_axi, wiring.flipped(self.m_axi))
+
+        # host queues (stand-ins for the host interface)
+        for axis, st in ((self.s_axis_wr, tp.wr), (self.s_axis_rr, tp.rr)):
+            m.d.comb += [st.valid.eq(axis.tvalid), st.payload.eq(axis.tdata[:len(st.payload.as_value())]),
+                         axis.tready.eq(st.ready)]
+        cq = self.m_axis_cq
+        m.d.comb += [cq.tvalid.eq(tp.cq.valid), cq.tdata.eq(tp.cq.payload), cq.tlast.eq(1),
+                     cq.tkeep.eq((1 << (CQ_BITS // 8)) - 1), tp.cq.ready.eq(cq.tready)]
+        return m
+
+
+class NicPair(wiring.Component):
+    """Two ``NicCore``s with their ports prefixed ``a_`` and ``b_`` (nothing joins them: the
+    network between them is the testbench's switch model)."""
+
+    def __init__(self, data_width=64, **kw):
+        self.data_width = data_width
+        self.a = NicCore(data_width, **kw)
+        self.b = NicCore(data_width, **kw)
+        members = {}
+        for side in ("a", "b"):
+            for name, member in nic_signature(data_width).items():
+                members[f"{side}_{name}"] = member
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.a = self.a
+        m.submodules.b = self.b
+        for side, core in (("a", self.a), ("b", self.b)):
+            for name, member in core.signature.members.items():
+                outer = getattr(self, f"{side}_{name}")
+                inner = getattr(core, name)
+                if member.flow == In:
+                    wiring.connect(m, wiring.flipped(outer), inner)
+                else:
+                    wiring.connect(m, inner, wiring.flipped(outer))
+        return m
+
+
+def verilog_top(width=64, *, two=False, **kw):
+    return FlatPorts((NicPair if two else NicCore)(width, **kw))
+
+
+def convert(width=64, *, two=False, **kw):
+    return verilog.convert(verilog_top(width, two=two, **kw), name=PAIR_NAME if two else TOP_NAME)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m stellar.hdl.top.nic",
+                                 description="Write the stellar_nic (or stellar_nic2) Verilog top.")
+    ap.add_argument("--width", type=int, default=64, choices=(64, 512), help="data width in bits")
+    ap.add_argument("--qps", type=int, default=16, help="QP indexes")
+    ap.add_argument("--two", action="store_true", help="two cores (stellar_nic2)")
+    ap.add_argument("-o", "--output", default="build/verilog", help="output folder")
+    args = ap.parse_args(argv)
+    name = PAIR_NAME if args.two else TOP_NAME
+    out = Path(args.output) / f"{name}_w{args.width}_q{args.qps}.v"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(convert(args.width, two=args.two, qps=args.qps))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1228 @@
+# Ref: IBTA Vol 1 ch. 9.7 (RC: requester and responder, PSNs, ACK/NAK, retries), 9.9 (errors),
+#      10.8 (work and completion queues); Annex A17 (RoCEv2)
+"""The RC transport engine: responder, requester and go-back-N retransmission.
+
+One sequential event machine owns every per-QP transport state and handles one event at a time,
+so no two decisions ever race on a QP (the QP context store forwards its own fields; the
+transport's RAMs need no forwarding at all)::
+
+   host ctx writes --> initq --+
+   rx_meta (pipeline) ---------+--> [event machine] --> tx desc (data packets) ----+--> TxBuilder
+   timeout events <- scanner --+     | per-QP RAMs:   --> pdq (gated by DMA writes) |
+   wr (work requests) ---------+     | qs, sq, sqd,       +-> ACK/NAK desc --------+
+   rr (receive requests) ------+     | rq, txc, timer     +-> READ jobs -> READ response expander
+   sched (QPs with work) ------+     |                    +-> cq (completions)
+                                     +--> mover cmds: payload of rx -> DMA write / discard
+
+An event takes 4 clocks (pick, address, load, decide) plus 2 per send-queue entry it walks
+(completing WQEs on an ACK, flushing on a fatal error). Packets of 4 KiB carry 64 beats at
+512 bits, so the machine has time to spare at line rate.
+
+Semantics (PSNs 24-bit, compared modulo 2**24; ``n`` = packets of a message = max(1, ceil(L/mtu))):
+
+Responder, for a request with PSN p on a QP in RTR/RTS (else dropped):
+- p == epsn: opcode sequence and payload length checked (NAK invalid request), memory-region
+  failures from the flow pipeline (NAK remote access error), no receive WQE for a SEND or a
+  WRITE with immediate (RNR NAK with the QP's min_rnr_timer), SEND longer than the receive buffer
+  (NAK invalid request + LOC_LEN_ERR receive completion); else accepted: payload DMA-written
+  (WRITE at the MR check's bus address, continuing on MIDDLE/LAST; SEND into the receive WQE),
+  epsn += 1 (READ: += n), msn += 1 at LAST/ONLY/READ, ACK on AckReq or every ``ack_coalesce``
+  packets, READ answered with READ responses from host memory, receive completions on SEND
+  LAST/ONLY and WRITE-with-immediate.
+- p behind epsn (duplicate): SEND/WRITE with AckReq re-ACKed with PSN epsn - 1, never re-written;
+  READ re-executed from its own RETH.
+- p ahead of epsn: one PSN-sequence NAK (PSN epsn) per gap (``nak_sent``), then silent drop until
+  the expected PSN arrives. Every NAK sets ``nak_sent``.
+ACKs, NAKs, READ responses and completions wait in ``pdq`` until every DMA write issued before
+them has its AXI B response: an ACK or completion never overtakes the data it reports.
+
+Requester, per QP: a ring of ``sq_depth`` WQEs (``sq``; inline payload in ``sqd``), ``una``
+(oldest unacknowledged PSN), ``npsn`` (next new PSN), ``sq_cur``/``cur_off`` (next packet to
+send). A QP with work sits in the round-robin ``sched`` FIFO; each visit sends one packet if
+``npsn - una < window``. AckReq on the last packet of a message, on the packet that fills the
+window, and every ``2**ackreq_shift`` PSNs. ACKs complete WQEs in order (2 clocks per WQE); an
+ACK covering a READ whose responses did not all arrive, a PSN-sequence NAK, an ACK timeout, and
+the end of an RNR wait rewind the QP to ``una`` (go-back-N; the payload is read again from host
+memory). retry_cnt counts timeouts and sequence NAKs without progress; rnr_retry counts RNR NAKs
+(7 = infinite). A remote error NAK or an exhausted counter is fatal: the WQE completes with
+REM_INV_REQ_ERR / REM_ACCESS_ERR / REM_OP_ERR / RETRY_EXC_ERR / RNR_RETRY_EXC_ERR, every later
+WQE with WR_FLUSH_ERR, and the QP moves to ERROR (``set_state``); other QPs are unaffected.
+
+Timers: one RAM word per QP (armed, RNR, deadline in ticks of ``tick_cycles`` clocks: 4.096 us
+at the reset value and 250 MHz); the scanner reads one QP per clock and queues expiries, which
+the machine re-validates against its own read of the word, so a scan that races a write can only
+cost a spurious (ignored) or one-round-late event. The local ACK timeout is 2**timeout + 1 ticks
+from the first unacknowledged packet or the last progress; timeout 0 never arms.
+
+Ports
+-----
+rx_meta     In   stream of ``rx_meta_layout`` from ``RxFlowPipeline.o_meta``
+rx          In   payload beats of those packets (``RxFlowPipeline.o``)
+wb          Out  QP-context write-back (``QpContextStore.wb``), in the clock ``rx_meta`` is taken
+ctx_written In   host writes of QP contexts (index, mask, ctx as written)
+set_state   Out  stream ``{index, state}``: QP state changes the transport makes (to ERROR)
+wr          In   stream of ``WORK_REQUEST`` (``stellar.hdl.transport.formats``)
+rr          In   stream of ``RECV_REQUEST``
+cq          Out  stream of ``COMPLETION``
+tx          Out  stream of ``tx_desc_layout``: packets to send (to ``TxBuilder.desc``)
+txc_addr, txc_en, txc_data
+            In/Out  the builder's read port into the transport's copy of the QP contexts
+dma_wcmd    Out  stream ``{addr, len}``: DMA writes of received payload
+dma_wdata   Out  their beats
+dma_wdone   In   one pulse per completed DMA write command (in order)
+csr         Out  the ``transport`` register block (``csr.block_signature``)
+
+Parameters: ``data_width``, ``qps`` (QP indexes, a power of two), ``sq_depth``, ``rq_depth``
+(per QP, powers of two). The send and receive queues are on chip here; the host-interface work
+moves them into host memory behind a WQE fetcher.
+"""
+
+from types import SimpleNamespace
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ..csr import block_signature
+from ..flow.fields import QP_CONTEXT, QpState
+from ..flow.layouts import qp_context_layout, struct_layout
+from ..flow.rxflow import rx_meta_layout
+from ..net.layout import beat_layout
+from ..regmap import GIDS, REGMAP, transport_config
+from .formats import (
+    COMPLETION,
+    INLINE_MAX,
+    RECV_REQUEST,
+    RNR_TIMER_US,
+    WORK_REQUEST,
+    NakCode,
+    RcOpcode,
+    Syndrome,
+    WcOpcode,
+    WcStatus,
+    WrOpcode,
+    ack_syndrome,
+    nak_syndrome,
+    rnr_syndrome,
+)
+from .txbuild import PayloadSrc, gid_layout, tx_desc_layout
+
+__all__ = ["RcTransport", "ctx_written_layout", "set_state_layout"]
+
+O = RcOpcode
+
+
+def ctx_written_layout(index_bits):
+    return data.StructLayout({"index": index_bits, "mask": len(QP_CONTEXT.fields),
+                              "ctx": qp_context_layout()})
+
+
+def set_state_layout(index_bits):
+    return data.StructLayout({"index": index_bits, "state": 3})
+
+
+class _Ev(enum.Enum, shape=3):
+    INIT = 0
+    RX = 1
+    TIMEOUT = 2
+    SEND = 3
+    POST = 4
+    RECV = 5
+
+
+class _InMsg(enum.Enum, shape=2):
+    NONE = 0
+    SEND = 1
+    WRITE = 2
+
+
+def _rnr_tick_table(tick_us=4.096):
+    return [-(-int(us * 1000) // int(tick_us * 1000)) for us in RNR_TIMER_US]
+
+
+class RcTransport(wiring.Component):
+    def __init__(self, data_width=64, *, qps=16, sq_depth=16, rq_depth=16):
+        for name, v in (("qps", qps), ("sq_depth", sq_depth), ("rq_depth", rq_depth)):
+            if v < 2 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 2, not {v}")
+        self.data_width = data_width
+        self.qps = qps
+        self.sq_depth = sq_depth
+        self.rq_depth = rq_depth
+        self.index_bits = IB = (qps - 1).bit_length()
+        beat = beat_layout(data_width)
+        super().__init__({
+            "rx_meta":     In(stream.Signature(rx_meta_layout(IB))),
+            "rx":          In(stream.Signature(beat)),
+            "wb":          Out(stream.Signature(data.StructLayout(
+                               {"index": IB, "ctx": qp_context_layout()}), always_ready=True)),
+            "ctx_written": In(stream.Signature(ctx_written_layout(IB), always_ready=True)),
+            "set_state":   Out(stream.Signature(set_state_layout(IB))),
+            "wr":          In(stream.Signature(struct_layout(WORK_REQUEST))),
+            "rr":          In(stream.Signature(struct_layout(RECV_REQUEST))),
+            "cq":          Out(stream.Signature(struct_layout(COMPLETION))),
+            "tx":          Out(stream.Signature(tx_desc_layout(IB))),
+            "txc_addr":    In(IB),
+            "txc_en":      In(1),
+            "txc_data":    Out(qp_context_layout()),
+            "gid":         Out(data.ArrayLayout(gid_layout(), GIDS)),
+            "dma_wcmd":    Out(stream.Signature(data.StructLayout({"addr": 64, "len": 16}))),
+            "dma_wdata":   Out(stream.Signature(beat)),
+            "dma_wdone":   In(1),
+            "csr":         Out(block_signature(REGMAP.block("transport"))),
+        })
+
+    # ------------------------------------------------------------------ layouts
+    def _qs_layout(self):
+        S = self.sq_depth.bit_length()      # ring pointers carry one wrap bit
+        R = self.rq_depth.bit_length()
+        return data.StructLayout({
+            "sq_head": S, "sq_tail": S, "sq_cur": S, "cur_off": 32,
+            "npsn": 24, "una": 24, "retry_left": 3, "rnr_left": 3,
+            "err": 1, "rnr_wait": 1, "queued": 1,
+            "rq_head": R, "rq_tail": R, "rq_off": 32,
+            "nak_sent": 1, "in_msg": _InMsg, "wcur": 64, "wrem": 32, "wlen": 32, "ack_cnt": 8,
+        })
+
+    @staticmethod
+    def _wqe_layout():
+        return data.StructLayout({
+            "opcode": 4, "signaled": 1, "inline": 1, "wr_id": 64, "laddr": 64, "length": 32,
+            "raddr": 64, "rkey": 32, "imm": 32, "first_psn": 24,
+        })
+
+    @staticmethod
+    def _rqe_layout():
+        return data.StructLayout({"wr_id": 64, "addr": 64, "length": 32})
+
+    @staticmethod
+    def _timer_layout():
+        return data.StructLayout({"armed": 1, "rnr": 1, "deadline": 32})
+
+    def _pd_layout(self):
+        """An entry of pdq: an ACK/NAK or READ job and/or a completion, released once the DMA
+        writes issued before it are done."""
+        return data.StructLayout({
+            "wtag": 16,
+            "has_tx": 1, "is_read": 1, "has_cqe": 1,
+            "qp": self.index_bits, "psn": 24, "syndrome": 8, "msn": 24, "shift": 4,
+            "addr": 64, "len": 32,
+            "cqe": struct_layout(COMPLETION),
+        })
+
+    # ------------------------------------------------------------------ elaborate
+    def elaborate(self, platform):
+        m = Module()
+        IB = self.index_bits
+        SQ, RQ = self.sq_depth, self.rq_depth
+        SQB, RQB = (SQ - 1).bit_length(), (RQ - 1).bit_length()
+        B = self.data_width // 8
+        csr = self.csr
+        qs_l, wqe_l, rqe_l, tmr_l, pd_l = (self._qs_layout(), self._wqe_layout(),
+                                           self._rqe_layout(), self._timer_layout(),
+                                           self._pd_layout())
+        ctx_l = qp_context_layout()
+
+        # ------------------------------------------------------------ memories
+        m.submodules.qs_mem = qs_mem = Memory(shape=qs_l, depth=self.qps, init=[])
+        m.submodules.sq_mem = sq_mem = Memory(shape=wqe_l, depth=self.qps * SQ, init=[])
+        m.submodules.sqd_mem = sqd_mem = Memory(shape=INLINE_MAX * 8, depth=self.qps * SQ, init=[])
+        m.submodules.rq_mem = rq_mem = Memory(shape=rqe_l, depth=self.qps * RQ, init=[])
+        m.submodules.txc_mem = txc_mem = Memory(shape=ctx_l, depth=self.qps, init=[])
+        m.submodules.tmr_mem = tmr_mem = Memory(shape=tmr_l, depth=self.qps, init=[])
+        qs_rd, qs_wr = qs_mem.read_port(), qs_mem.write_port()
+        sq_rd, sq_wr = sq_mem.read_port(), sq_mem.write_port()
+        sqd_rd, sqd_wr = sqd_mem.read_port(), sqd_mem.write_port()
+        rq_rd, rq_wr = rq_mem.read_port(), rq_mem.write_port()
+        txc_rd, txc_brd, txc_wr = txc_mem.read_port(), txc_mem.read_port(), txc_mem.write_port()
+        tmr_rd, tmr_scan, tmr_wr = tmr_mem.read_port(), tmr_mem.read_port(), tmr_mem.write_port()
+
+        # The builder's read port into the context copy.
+        m.d.comb += [txc_brd.addr.eq(self.txc_addr), txc_brd.en.eq(self.txc_en),
+                     self.txc_data.eq(txc_brd.data)]
+
+        # Host writes of a context update the copy at once (the builder reads headers from it).
+        cw = self.ctx_written
+        m.d.comb += [txc_wr.en.eq(cw.valid), txc_wr.addr.eq(cw.payload.index),
+                     txc_wr.data.eq(cw.payload.ctx)]
+        m.submodules.initq = initq = SyncFIFOBuffered(width=ctx_written_layout(IB).size, depth=4)
+        m.d.comb += [initq.w_en.eq(cw.valid), initq.w_data.eq(cw.payload)]
+        # (ctx_written pulses at most once per host operation, several clocks apart; a full
+        # initq cannot happen while the machine runs, it drains one entry per event.)
+
+        # ------------------------------------------------------------ configuration, GIDs
+        for i in range(GIDS):
+            m.d.comb += [
+                self.gid[i].mac.eq(Cat(getattr(csr, f"gid{i}_mac_lo"), getattr(csr, f"gid{i}_mac_hi"))),
+                self.gid[i].ip.eq(Cat(*(getattr(csr, f"gid{i}_ip{j}") for j in range(4)))),
+                self.gid[i].ipv6.eq(getattr(csr, f"gid{i}_flags")[0]),
+            ]
+        m.d.comb += csr.config.eq(transport_config(self.qps, SQ, RQ, self.data_width))
+
+        # ------------------------------------------------------------ time base and timer scan
+        now = Signal(32)
+        tick_cnt = Signal(24)
+        with m.If(tick_cnt + 1 >= csr.tick_cycles):
+            m.d.sync += [tick_cnt.eq(0), now.eq(now + 1)]
+        with m.Else():
+            m.d.sync += tick_cnt.eq(tick_cnt + 1)
+        m.d.comb += csr.now.eq(now)
+
+        m.submodules.toq = toq = SyncFIFOBuffered(width=IB, depth=4)
+        scan = Signal(IB)
+        scan_d = Signal(IB)
+        scan_ok = Signal()
+        m.d.sync += [scan.eq(scan + 1), scan_d.eq(scan), scan_ok.eq(1)]
+        m.d.comb += [tmr_scan.addr.eq(scan)]
+        scanned = Signal(tmr_l)
+        m.d.comb += scanned.eq(tmr_scan.data)
+
+        def expired(t):
+            return t.armed & ((now - t.deadline)[31] == 0)
+
+        m.d.comb += [toq.w_en.eq(scan_ok & expired(scanned)), toq.w_data.eq(scan_d)]
+
+        # ------------------------------------------------------------ queues
+        m.submodules.sched = sched = SyncFIFOBuffered(width=IB, depth=self.qps)
+        m.submodules.txq = txq = SyncFIFOBuffered(width=tx_desc_layout(IB).size, depth=4)
+        m.submodules.pdq = pdq = SyncFIFOBuffered(width=pd_l.size, depth=16)
+        m.submodules.mvq = mvq = SyncFIFOBuffered(width=1 + 64 + 16, depth=16)
+        m.submodules.errq = errq = SyncFIFOBuffered(width=IB, depth=4)
+        m.d.comb += [self.set_state.valid.eq(errq.r_rdy), self.set_state.payload.index.eq(errq.r_data),
+                     self.set_state.payload.state.eq(QpState.ERROR),
+                     errq.r_en.eq(self.set_state.ready)]
+
+        # ------------------------------------------------------------ DMA write tags
+        wissued = Signal(16)     # DMA write commands queued by the machine
+        wdone = Signal(16)       # ... completed (B responses seen)
+        m.d.sync += wdone.eq(wdone + self.dma_wdone)
+
+        # ------------------------------------------------------------ RX payload mover
+        mv = Signal(data.StructLayout({"write": 1, "addr": 64, "len": 16}))
+        m.d.comb += mv.eq(mvq.r_data)
+        cmd_sent = Signal()
+        rx = self.rx
+        with m.If(mvq.r_rdy & mv.write):
+            m.d.comb += [
+                self.dma_wcmd.valid.eq(~cmd_sent),
+                self.dma_wcmd.payload.addr.eq(mv.addr),
+                self.dma_wcmd.payload.len.eq(mv.len),
+                self.dma_wdata.valid.eq(rx.valid),
+                self.dma_wdata.payload.eq(rx.payload),
+                rx.ready.eq(self.dma_wdata.ready),
+            ]
+            with m.If(self.dma_wcmd.valid & self.dma_wcmd.ready):
+                m.d.sync += cmd_sent.eq(1)
+        with m.Elif(mvq.r_rdy):
+            m.d.comb += rx.ready.eq(1)
+        rx_end = Signal()
+        m.d.comb += [rx_end.eq(mvq.r_rdy & rx.valid & rx.ready & rx.payload.last),
+                     mvq.r_en.eq(rx_end)]
+        with m.If(rx_end):
+            m.d.sync += cmd_sent.eq(0)
+
+        # ------------------------------------------------------------ pdq release and dispatch
+        m.submodules.ackq = ackq = SyncFIFOBuffered(width=tx_desc_layout(IB).size, depth=4)
+        m.submodules.jobq = jobq = SyncFIFOBuffered(width=pd_l.size, depth=8)
+        pd = Signal(pd_l)
+        m.d.comb += pd.eq(pdq.r_data)
+        released = Signal()
+        m.d.comb += released.eq(pdq.r_rdy & ((wdone - pd.wtag)[15] == 0))
+        tx_ok = Signal()
+        m.d.comb += tx_ok.eq(~pd.has_tx | Mux(pd.is_read, jobq.w_rdy, ackq.w_rdy))
+        cq_ok = Signal()
+        m.d.comb += cq_ok.eq(~pd.has_cqe | self.cq.ready)
+        go = Signal()
+        m.d.comb += go.eq(released & tx_ok & cq_ok)
+        ack_desc = Signal(tx_desc_layout(IB))
+        m.d.comb += [
+            ack_desc.qp.eq(pd.qp),
+            ack_desc.opcode.eq(O.ACKNOWLEDGE),
+            ack_desc.psn.eq(pd.psn),
+            ack_desc.syndrome.eq(pd.syndrome),
+            ack_desc.msn.eq(pd.msn),
+            ack_desc.src.eq(PayloadSrc.NONE),
+            pdq.r_en.eq(go),
+            ackq.w_en.eq(go & pd.has_tx & ~pd.is_read),
+            ackq.w_data.eq(ack_desc),
+            jobq.w_en.eq(go & pd.has_tx & pd.is_read),
+            jobq.w_data.eq(pd),
+            self.cq.valid.eq(released & pd.has_cqe & tx_ok),
+            self.cq.payload.eq(pd.cqe),
+            csr.tx_acks_inc.eq(go & pd.has_tx & ~pd.is_read & (pd.syndrome[5:8] == 0)),
+            csr.completions_inc.eq(go & pd.has_cqe),
+        ]
+
+        # ------------------------------------------------------------ READ response expander
+        job = Signal(pd_l)
+        m.d.comb += job.eq(jobq.r_data)
+        r_off = Signal(32)
+        rr_desc = Signal(tx_desc_layout(IB))
+        r_mtu = Signal(14)
+        m.d.comb += r_mtu.eq(1 << job.shift)
+        r_rem = Signal(32)
+        m.d.comb += r_rem.eq(job.len - r_off)
+        r_first = Signal()
+        r_last = Signal()
+        m.d.comb += [r_first.eq(r_off == 0), r_last.eq(r_rem <= r_mtu)]
+        with m.If(r_first & r_last):
+            m.d.comb += rr_desc.opcode.eq(O.READ_RESP_ONLY)
+        with m.Elif(r_first):
+            m.d.comb += rr_desc.opcode.eq(O.READ_RESP_FIRST)
+        with m.Elif(r_last):
+            m.d.comb += rr_desc.opcode.eq(O.READ_RESP_LAST)
+        with m.Else():
+            m.d.comb += rr_desc.opcode.eq(O.READ_RESP_MIDDLE)
+        r_psn = Signal(24)
+        m.d.comb += [
+            rr_desc.qp.eq(job.qp),
+            rr_desc.psn.eq(job.psn + r_psn),
+            rr_desc.syndrome.eq(ack_syndrome()),
+            rr_desc.msn.eq(job.msn),
+            rr_desc.plen.eq(Mux(r_last, r_rem, r_mtu)),
+            rr_desc.src.eq(PayloadSrc.DMA),
+            rr_desc.addr.eq(job.addr + r_off),
+        ]
+
+        # ------------------------------------------------------------ TX arbitration
+        # ACK/NAKs first (small, and they unblock the peer), then READ responses, then requests.
+        tx = self.tx
+        rr_take = Signal()
+        with m.If(ackq.r_rdy):
+            m.d.comb += [tx.valid.eq(1), tx.payload.eq(ackq.r_data), ackq.r_en.eq(tx.ready)]
+        with m.Elif(jobq.r_rdy):
+            m.d.comb += [tx.valid.eq(1), tx.payload.eq(rr_desc), rr_take.eq(tx.ready)]
+        with m.Elif(txq.r_rdy):
+            m.d.comb += [tx.valid.eq(1), tx.payload.eq(txq.r_data), txq.r_en.eq(tx.ready)]
+        with m.If(rr_take):
+            with m.If(r_last):
+                m.d.sync += [r_off.eq(0), r_psn.eq(0)]
+                m.d.comb += jobq.r_en.eq(1)
+            with m.Else():
+                m.d.sync += [r_off.eq(r_off + r_mtu), r_psn.eq(r_psn + 1)]
+        m.d.comb += csr.tx_read_responses_inc.eq(rr_take)
+
+        # ------------------------------------------------------------ the event machine
+        ev = Signal(_Ev)
+        qp = Signal(IB)
+        s = Signal(qs_l)          # working copy of the QP's transport state
+        c = Signal(ctx_l)         # its transmit context copy
+        t = Signal(tmr_l)         # its timer word
+        w = Signal(wqe_l)         # the WQE at hand (sq_cur for SEND, sq_tail otherwise)
+        wd = Signal(INLINE_MAX * 8)
+        rqe = Signal(rqe_l)
+        meta = self.rx_meta.payload
+        rec = meta.rec
+        ictx = meta.ctx            # live context from the store (responder epsn/msn)
+        init = Signal(ctx_written_layout(IB))
+        m.d.comb += init.eq(initq.r_data)
+        wrq = Signal(struct_layout(WORK_REQUEST))
+        m.d.comb += wrq.eq(self.wr.payload)
+        rrq = Signal(struct_layout(RECV_REQUEST))
+        m.d.comb += rrq.eq(self.rr.payload)
+
+        # memory addresses: qs/txc/tmr by qp, sq/sqd by (qp, slot), rq by (qp, rq_tail)
+        sq_slot = Signal(SQB)
+        m.d.comb += [
+            qs_rd.addr.eq(qp), txc_rd.addr.eq(qp), tmr_rd.addr.eq(qp),
+            sq_rd.addr.eq(Cat(sq_slot, qp)), sqd_rd.addr.eq(Cat(sq_slot, qp)),
+        ]
+        rq_slot = Signal(RQB)
+        m.d.comb += rq_rd.addr.eq(Cat(rq_slot, qp))
+
+        # pdq entry assembled by the states below
+        pde = Signal(pd_l)
+        pd_push = Signal()
+        m.d.comb += [pdq.w_data.eq(pde), pdq.w_en.eq(pd_push)]
+        mve = Signal(mv.shape())
+        mv_push = Signal()
+        m.d.comb += [mvq.w_data.eq(mve), mvq.w_en.eq(mv_push)]
+        m.d.sync += wissued.eq(wissued + (mv_push & mve.write))
+        wtag_now = Signal(16)
+        m.d.comb += wtag_now.eq(wissued + (mv_push & mve.write))
+
+        def cqe_for_wqe(cq, wqe, status):
+            opc = Signal(8, name="cqe_opc")
+            with m.Switch(wqe.opcode):
+                with m.Case(WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM):
+                    m.d.comb += opc.eq(WcOpcode.RDMA_WRITE)
+                with m.Case(WrOpcode.RDMA_READ):
+                    m.d.comb += opc.eq(WcOpcode.RDMA_READ)
+                with m.Default():
+                    m.d.comb += opc.eq(WcOpcode.SEND)
+            return [cq.qp.eq(qp), cq.is_recv.eq(0), cq.status.eq(status), cq.opcode.eq(opc),
+                    cq.wr_id.eq(wqe.wr_id),
+                    cq.byte_len.eq(Mux(wqe.opcode == WrOpcode.RDMA_READ, wqe.length, 0))]
+
+        mtu_shift = Signal(4)      # of the QP at hand (requester: txc copy)
+        m.d.comb += mtu_shift.eq(c.pmtu + 7)
+        mtu = Signal(14)
+        m.d.comb += mtu.eq(1 << mtu_shift)
+
+        def npkts(length, shift):
+            """max(1, ceil(length / 2**shift)) for shift 8..12."""
+            n = Signal(32, name="npkts")
+            with m.Switch(shift):
+                for sh in range(8, 13):
+                    with m.Case(sh):
+                        m.d.comb += n.eq((length + (1 << sh) - 1) >> sh)
+            return Mux(n == 0, 1, n)
+
+        # the WQE at hand: its last PSN and how many PSNs it spans
+        w_n = Signal(24)
+        m.d.comb += w_n.eq(npkts(w.length, mtu_shift))
+        w_last = Signal(24)
+        m.d.comb += w_last.eq(w.first_psn + w_n - 1)
+        outstanding = Signal(24)
+        m.d.comb += outstanding.eq(s.npsn - s.una)
+        sq_used = Signal(SQB + 1)
+        m.d.comb += sq_used.eq(s.sq_head - s.sq_tail)
+        sent_any = Signal()   # the tail WQE has had packets sent
+        m.d.comb += sent_any.eq((s.sq_tail != s.sq_cur) | (s.cur_off != 0))
+
+        def arm_timer(fire):
+            """Timer write: (re)arm to now + 2**timeout + 1 ticks (timeout 0: disarm)."""
+            return [tmr_wr.en.eq(fire), tmr_wr.addr.eq(qp),
+                    tmr_wr.data.armed.eq(c.timeout != 0), tmr_wr.data.rnr.eq(0),
+                    tmr_wr.data.deadline.eq(now + (Const(1, 33) << c.timeout)[:32] + 1)]
+
+        def disarm_timer(fire):
+            return [tmr_wr.en.eq(fire), tmr_wr.addr.eq(qp), tmr_wr.data.eq(0)]
+
+        # --- responder decision (combinational, used in EVAL for request packets)
+        op = rec.bth_opcode
+        psn = rec.bth_psn
+        plen = rec.payload_len
+        is_send = Signal()
+        is_write = Signal()
+        is_read = Signal()
+        first = Signal()
+        middle = Signal()
+        last = Signal()
+        only = Signal()
+        with_imm = Signal()
+        with_inv = Signal()
+        is_req = Signal()
+        is_resp = Signal()
+        with m.Switch(op):
+            with m.Case(O.SEND_FIRST):
+                m.d.comb += [is_send.eq(1), first.eq(1)]
+            with m.Case(O.SEND_MIDDLE):
+                m.d.comb += [is_send.eq(1), middle.eq(1)]
+            with m.Case(O.SEND_LAST):
+                m.d.comb += [is_send.eq(1), last.eq(1)]
+            with m.Case(O.SEND_LAST_IMM):
+                m.d.comb += [is_send.eq(1), last.eq(1), with_imm.eq(1)]
+            with m.Case(O.SEND_LAST_INV):
+                m.d.comb += [is_send.eq(1), last.eq(1), with_inv.eq(1)]
+            with m.Case(O.SEND_ONLY):
+                m.d.comb += [is_send.eq(1), only.eq(1)]
+            with m.Case(O.SEND_ONLY_IMM):
+                m.d.comb += [is_send.eq(1), only.eq(1), with_imm.eq(1)]
+            with m.Case(O.SEND_ONLY_INV):
+                m.d.comb += [is_send.eq(1), only.eq(1), with_inv.eq(1)]
+            with m.Case(O.WRITE_FIRST):
+                m.d.comb += [is_write.eq(1), first.eq(1)]
+            with m.Case(O.WRITE_MIDDLE):
+                m.d.comb += [is_write.eq(1), middle.eq(1)]
+            with m.Case(O.WRITE_LAST):
+                m.d.comb += [is_write.eq(1), last.eq(1)]
+            with m.Case(O.WRITE_LAST_IMM):
+                m.d.comb += [is_write.eq(1), last.eq(1), with_imm.eq(1)]
+            with m.Case(O.WRITE_ONLY):
+                m.d.comb += [is_write.eq(1), only.eq(1)]
+            with m.Case(O.WRITE_ONLY_IMM):
+                m.d.comb += [is_write.eq(1), only.eq(1), with_imm.eq(1)]
+            with m.Case(O.READ_REQUEST):
+                m.d.comb += is_read.eq(1)
+            with m.Case(O.READ_RESP_FIRST, O.READ_RESP_MIDDLE, O.READ_RESP_LAST,
+                        O.READ_RESP_ONLY, O.ACKNOWLEDGE):
+                m.d.comb += is_resp.eq(1)
+        m.d.comb += is_req.eq(is_send | is_write | is_read)
+
+        r_shift = Signal(4)
+        m.d.comb += r_shift.eq(ictx.pmtu + 7)
+        r_mtu_q = Signal(14)
+        m.d.comb += r_mtu_q.eq(1 << r_shift)
+        d = Signal(24)
+        m.d.comb += d.eq(psn - ictx.epsn)
+        expected = Signal()
+        behind = Signal()
+        ahead = Signal()
+        m.d.comb += [expected.eq(d == 0), behind.eq(d[23]), ahead.eq(~expected & ~d[23])]
+        st_ok = Signal()
+        m.d.comb += st_ok.eq((ictx.state == QpState.RTR) | (ictx.state == QpState.RTS))
+        seq_ok = Signal()
+        with m.Switch(s.in_msg):
+            with m.Case(_InMsg.NONE):
+                m.d.comb += seq_ok.eq(first | only | is_read)
+            with m.Case(_InMsg.SEND):
+                m.d.comb += seq_ok.eq(is_send & (middle | last))
+            with m.Case(_InMsg.WRITE):
+                m.d.comb += seq_ok.eq(is_write & (middle | last))
+        len_ok = Signal()
+        m.d.comb += len_ok.eq(Mux(first | middle, plen == r_mtu_q,
+                              Mux(last, (plen != 0) & (plen <= r_mtu_q),
+                              Mux(only, plen <= r_mtu_q, plen == 0))))
+        wrem_in = Signal(32)       # WRITE bytes left before this packet
+        m.d.comb += wrem_in.eq(Mux(first | only, rec.reth_dma_length, s.wrem))
+        wlen_ok = Signal()
+        m.d.comb += wlen_ok.eq(Mux(last | only, plen == wrem_in, plen < wrem_in))
+        ann = meta.ann
+        mr_fail = Signal()
+        m.d.comb += mr_fail.eq(
+            (ann.mr_kind != 0) & ((ann.mr_reason != 0)
+                                  | ((rec.reth_dma_length != 0) & (ann.span < rec.reth_dma_length))))
+        needs_rq = Signal()
+        m.d.comb += needs_rq.eq((is_send & (first | only)) | (is_write & with_imm & (last | only)))
+        rq_avail = Signal()
+        m.d.comb += rq_avail.eq(s.rq_head != s.rq_tail)
+        send_total = Signal(33)
+        m.d.comb += send_total.eq(s.rq_off + plen)
+        send_over = Signal()
+        m.d.comb += send_over.eq(is_send & (send_total > rqe.length))
+        read_n = Signal(24)
+        m.d.comb += read_n.eq(npkts(rec.reth_dma_length, r_shift))
+        msg_end = Signal()
+        m.d.comb += msg_end.eq(last | only | is_read)
+        new_msn = Signal(24)
+        m.d.comb += new_msn.eq(ictx.msn + msg_end)
+
+        # --- requester view of a response packet
+        syn = rec.aeth_syndrome
+        resp_is_ack = Signal()
+        m.d.comb += resp_is_ack.eq(op == O.ACKNOWLEDGE)
+        p_una = Signal(24)          # (psn - una)
+        m.d.comb += p_una.eq(psn - s.una)
+        # PSN the walk may complete up to (inclusive): the ACK's PSN; psn - 1 for NAKs and READ
+        # responses. ack_none: nothing to complete (psn == una for NAK/READ response).
+        walk_to = Signal(24)
+        m.d.comb += walk_to.eq(Mux(resp_is_ack & (syn[5:8] == 0), psn, psn - 1))
+        walk_span = Signal(24)      # walk_to - una
+        m.d.comb += walk_span.eq(walk_to - s.una)
+        ack_none = Signal()
+        m.d.comb += ack_none.eq(~(resp_is_ack & (syn[5:8] == 0)) & (p_una == 0))
+        resp_valid = Signal()
+        m.d.comb += resp_valid.eq(Mux(resp_is_ack & (syn[5:8] != 0), p_una <= outstanding,
+                                      p_una < outstanding))
+        wl_una = Signal(24)         # w_last - una
+        m.d.comb += wl_una.eq(w_last - s.una)
+
+        fatal_status = Signal(5)
+        flushing = Signal()         # a fatal error is being flushed
+        after = Signal(3)           # what the walk does when it stops (see _After)
+        A_NONE, A_ACK, A_SEQ, A_RNR, A_FATAL, A_READ, A_REWIND = range(7)
+
+        A_LOSTREAD = 7
+        una0 = Signal(24)           # una when the response arrived (progress detection)
+
+        # --- one-writer signals driven from the states below
+        rx_take = Signal()
+        m.d.comb += self.rx_meta.ready.eq(rx_take)
+        sched_push = Signal()
+        m.d.comb += [sched.w_en.eq(sched_push), sched.w_data.eq(qp)]
+        # default send-queue slot: the WQE being sent (SEND) or the oldest one; states override
+        m.d.comb += sq_slot.eq(Mux(ev == _Ev.SEND, s.sq_cur, s.sq_tail))
+        m.d.comb += rq_slot.eq(s.rq_tail)
+        qs_w = Signal(qs_l)
+        m.d.comb += [qs_wr.addr.eq(qp), qs_wr.data.eq(qs_w)]
+
+        def write_state(ns):
+            return [qs_w.eq(ns), qs_wr.en.eq(1)]
+
+        def pd_ack(psn_v, syndrome, msn_v):
+            return [pde.has_tx.eq(1), pde.is_read.eq(0), pde.qp.eq(qp), pde.psn.eq(psn_v),
+                    pde.syndrome.eq(syndrome), pde.msn.eq(msn_v)]
+
+        def pd_read_job(msn_v):
+            return [pde.has_tx.eq(1), pde.is_read.eq(1), pde.qp.eq(qp), pde.psn.eq(psn),
+                    pde.addr.eq(ann.bus_addr), pde.len.eq(rec.reth_dma_length),
+                    pde.msn.eq(msn_v), pde.shift.eq(r_shift)]
+
+        prefer_rx = Signal()
+        with m.FSM(name="ev"):
+            with m.State("IDLE"):
+                can_send = Signal()
+                m.d.comb += can_send.eq(sched.r_rdy & txq.w_rdy)
+                others = Signal()
+                m.d.comb += others.eq(toq.r_rdy | can_send | self.wr.valid | self.rr.valid)
+                with m.If(initq.r_rdy):
+                    m.d.sync += [ev.eq(_Ev.INIT), qp.eq(init.index)]
+                    m.next = "LOAD"
+                with m.Elif(self.rx_meta.valid & (prefer_rx | ~others)):
+                    m.d.sync += [ev.eq(_Ev.RX), qp.eq(meta.ann.qp), prefer_rx.eq(0)]
+                    m.next = "LOAD"
+                with m.Elif(toq.r_rdy):
+                    m.d.comb += toq.r_en.eq(1)
+                    m.d.sync += [ev.eq(_Ev.TIMEOUT), qp.eq(toq.r_data), prefer_rx.eq(1)]
+                    m.next = "LOAD"
+                with m.Elif(can_send):
+                    m.d.comb += sched.r_en.eq(1)
+                    m.d.sync += [ev.eq(_Ev.SEND), qp.eq(sched.r_data), prefer_rx.eq(1)]
+                    m.next = "LOAD"
+                with m.Elif(self.wr.valid):
+                    m.d.sync += [ev.eq(_Ev.POST), qp.eq(wrq.qp), prefer_rx.eq(1)]
+                    m.next = "LOAD"
+                with m.Elif(self.rr.valid):
+                    m.d.sync += [ev.eq(_Ev.RECV), qp.eq(rrq.qp), prefer_rx.eq(1)]
+                    m.next = "LOAD"
+                with m.Else():
+                    m.d.sync += prefer_rx.eq(1)
+
+            with m.State("LOAD"):
+                m.next = "GOT"      # qs/txc/tmr read at qp: valid in GOT
+
+            with m.State("GOT"):
+                q = Signal(qs_l)
+                m.d.comb += q.eq(qs_rd.data)
+                m.d.sync += [s.eq(q), c.eq(txc_rd.data), t.eq(tmr_rd.data), flushing.eq(0)]
+                m.d.comb += [sq_slot.eq(Mux(ev == _Ev.SEND, q.sq_cur, q.sq_tail)),
+                             rq_slot.eq(q.rq_tail)]
+                m.next = "EVAL"
+
+            with m.State("EVAL"):
+                m.d.sync += [w.eq(sq_rd.data), wd.eq(sqd_rd.data), rqe.eq(rq_rd.data)]
+                m.next = "DO"
+
+            with m.State("DO"):
+                ns = Signal(qs_l)
+                m.d.comb += ns.eq(s)
+                with m.Switch(ev):
+                    # ------------------------------------------------ host wrote the context
+                    with m.Case(_Ev.INIT):
+                        msk = init.mask
+                        wctx = init.ctx
+                        reset = Signal()
+                        m.d.comb += reset.eq(msk[QP_CONTEXT.index["state"]]
+                                             & ((wctx.state == QpState.RESET)
+                                                | (wctx.state == QpState.INIT)))
+                        with m.If(msk[QP_CONTEXT.index["sq_psn"]] | reset):
+                            m.d.comb += [
+                                ns.sq_head.eq(0), ns.sq_tail.eq(0), ns.sq_cur.eq(0),
+                                ns.cur_off.eq(0), ns.npsn.eq(wctx.sq_psn), ns.una.eq(wctx.sq_psn),
+                                ns.retry_left.eq(wctx.retry_cnt), ns.rnr_left.eq(wctx.rnr_retry),
+                                ns.err.eq(0), ns.rnr_wait.eq(0),
+                                *disarm_timer(1),
+                            ]
+                        with m.If(msk[QP_CONTEXT.index["epsn"]] | reset):
+                            m.d.comb += [
+                                ns.rq_head.eq(0), ns.rq_tail.eq(0), ns.rq_off.eq(0),
+                                ns.nak_sent.eq(0), ns.in_msg.eq(_InMsg.NONE), ns.wcur.eq(0),
+                                ns.wrem.eq(0), ns.wlen.eq(0), ns.ack_cnt.eq(0),
+                            ]
+                        m.d.comb += [*write_state(ns), initq.r_en.eq(1)]
+                        m.next = "IDLE"
+
+                    # ------------------------------------------------ received packet
+                    with m.Case(_Ev.RX):
+                        with m.If(is_req & ann.roce):
+                            with m.If(pdq.w_rdy & mvq.w_rdy):
+                                m.d.comb += [rx_take.eq(1), mv_push.eq(1), *write_state(ns),
+                                             pde.wtag.eq(wtag_now)]
+                                self._respond(m, ns, pde, pd_push, mve, locals())
+                                m.next = "IDLE"
+                        with m.Elif(is_resp & ann.roce & (c.state == QpState.RTS) & ~s.err
+                                    & resp_valid):
+                            m.d.sync += una0.eq(s.una)
+                            m.next = "WALK"
+                        with m.Else():
+                            with m.If(mvq.w_rdy):
+                                m.d.comb += [rx_take.eq(1), mv_push.eq(1), mve.write.eq(0)]
+                                with m.If(is_resp & ann.roce):
+                                    m.d.comb += csr.rx_stale_inc.eq(1)
+                                with m.Else():
+                                    m.d.comb += csr.rx_drop_state_inc.eq(1)
+                                m.next = "IDLE"
+
+                    # ------------------------------------------------ timer expiry
+                    with m.Case(_Ev.TIMEOUT):
+                        with m.If(~expired(t) | s.err):
+                            m.next = "IDLE"      # stale scan result: the word changed since
+                        with m.Elif(t.rnr):
+                            m.d.comb += disarm_timer(1)
+                            with m.If(s.rnr_wait):
+                                m.d.sync += [s.rnr_wait.eq(0), after.eq(A_REWIND)]
+                                m.next = "AFTER"
+                            with m.Else():
+                                m.next = "IDLE"
+                        with m.Elif(outstanding != 0):
+                            m.d.comb += [csr.timeouts_inc.eq(1), *disarm_timer(1)]
+                            with m.If(s.retry_left == 0):
+                                m.d.sync += [fatal_status.eq(WcStatus.RETRY_EXC_ERR),
+                                             after.eq(A_FATAL)]
+                            with m.Else():
+                                m.d.sync += [s.retry_left.eq(s.retry_left - 1), after.eq(A_REWIND)]
+                            m.next = "AFTER"
+                        with m.Else():
+                            m.d.comb += disarm_timer(1)
+                            m.next = "IDLE"
+
+                    # ------------------------------------------------ send one packet
+                    with m.Case(_Ev.SEND):
+                        self._send(m, ns, locals())
+
+                    # ------------------------------------------------ post a work request
+                    with m.Case(_Ev.POST):
+                        self._post(m, ns, locals())
+
+                    # ------------------------------------------------ post a receive
+                    with m.Case(_Ev.RECV):
+                        full = Signal()
+                        m.d.comb += full.eq((s.rq_head - s.rq_tail) == RQ)
+                        bad = Signal()
+                        m.d.comb += bad.eq(full | (c.state == QpState.ERROR)
+                                           | (c.state == QpState.RESET))
+                        with m.If(~bad):
+                            m.d.comb += [
+                                rq_wr.en.eq(1), rq_wr.addr.eq(Cat(s.rq_head[:RQB], qp)),
+                                rq_wr.data.wr_id.eq(rrq.wr_id), rq_wr.data.addr.eq(rrq.addr),
+                                rq_wr.data.length.eq(rrq.length),
+                                ns.rq_head.eq(s.rq_head + 1), *write_state(ns),
+                                self.rr.ready.eq(1),
+                            ]
+                            m.next = "IDLE"
+                        with m.Elif(pdq.w_rdy):
+                            m.d.comb += [
+                                pd_push.eq(1), pde.wtag.eq(wtag_now), pde.has_cqe.eq(1),
+                                pde.cqe.qp.eq(qp), pde.cqe.is_recv.eq(1),
+                                pde.cqe.status.eq(Mux(c.state == QpState.ERROR,
+                                                      WcStatus.WR_FLUSH_ERR, WcStatus.LOC_QP_OP_ERR)),
+                                pde.cqe.opcode.eq(WcOpcode.RECV), pde.cqe.wr_id.eq(rrq.wr_id),
+                                self.rr.ready.eq(1),
+                            ]
+                            m.next = "IDLE"
+
+            # ---------------------------------------------------- send-queue walk (responses)
+            with m.State("WALK"):
+                # w = the WQE at sq_tail; complete it if the response covers it.
+                unsent = Signal()
+                m.d.comb += unsent.eq(~sent_any | (s.sq_tail == s.sq_head))
+                covered = Signal()
+                m.d.comb += covered.eq(~ack_none & ~unsent & (wl_una <= walk_span))
+                is_rd = Signal()
+                m.d.comb += is_rd.eq(w.opcode == WrOpcode.RDMA_READ)
+                with m.If(covered & is_rd):
+                    # An ACK/NAK past a READ whose responses are missing: they were lost, resend
+                    # from una. A READ response past it: out of sequence, dropped.
+                    m.d.sync += after.eq(Mux(op == O.ACKNOWLEDGE, A_LOSTREAD, A_NONE))
+                    m.next = "AFTER_RX"
+                with m.Elif(covered):
+                    with m.If(pdq.w_rdy):
+                        m.d.comb += [pd_push.eq(w.signaled), pde.wtag.eq(wtag_now),
+                                     pde.has_cqe.eq(1), *cqe_for_wqe(pde.cqe, w, WcStatus.SUCCESS),
+                                     sq_slot.eq(s.sq_tail + 1)]
+                        m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), s.una.eq(w_last + 1)]
+                        m.next = "WALK_LD"
+                with m.Else():
+                    # The response ends inside this WQE (or nothing is left to complete).
+                    with m.If(~ack_none & ~unsent & ~is_rd & (op == O.ACKNOWLEDGE)
+                              & (walk_span < outstanding)):
+                        m.d.sync += s.una.eq(walk_to + 1)
+                    with m.If(op == O.ACKNOWLEDGE):
+                        with m.Switch(syn[5:8]):
+                            with m.Case(Syndrome.ACK):
+                                m.d.sync += after.eq(A_ACK)
+                            with m.Case(Syndrome.RNR_NAK):
+                                m.d.sync += after.eq(A_RNR)
+                            with m.Case(Syndrome.NAK):
+                                with m.If(syn[0:5] == NakCode.PSN_SEQ_ERR):
+                                    m.d.sync += after.eq(A_SEQ)
+                                with m.Else():
+                                    m.d.sync += after.eq(A_FATAL)
+                                    with m.Switch(syn[0:5]):
+                                        with m.Case(NakCode.INV_REQ):
+                                            m.d.sync += fatal_status.eq(WcStatus.REM_INV_REQ_ERR)
+                                        with m.Case(NakCode.REM_ACCESS):
+                                            m.d.sync += fatal_status.eq(WcStatus.REM_ACCESS_ERR)
+                                        with m.Default():
+                                            m.d.sync += fatal_status.eq(WcStatus.REM_OP_ERR)
+                            with m.Default():
+                                m.d.sync += after.eq(A_NONE)
+                    with m.Else():
+                        m.d.sync += after.eq(A_READ)
+                    m.next = "AFTER_RX"
+
+            with m.State("WALK_LD"):
+                m.d.sync += w.eq(sq_rd.data)     # addressed in WALK (sq_tail + 1)
+                m.next = "WALK"
+
+            # ---------------------------------------------------- act on a response
+            with m.State("AFTER_RX"):
+                self._after_rx(m, locals())
+
+            # ---------------------------------------------------- rewind or fatal
+            with m.State("AFTER"):
+                with m.If(after == A_FATAL):
+                    m.next = "FLUSH"
+                with m.Else():
+                    # go-back-N: resend from una; w = the oldest WQE (holds una)
+                    ns = Signal(qs_l, name="ns_rewind")
+                    m.d.comb += [
+                        ns.eq(s),
+                        ns.npsn.eq(s.una),
+                        ns.sq_cur.eq(s.sq_tail),
+                        ns.cur_off.eq(Mux(s.sq_tail == s.sq_head, 0,
+                                          ((s.una - w.first_psn)[:24] << mtu_shift)[:32])),
+                        ns.queued.eq(1),
+                        *write_state(ns),
+                        sched_push.eq(~s.queued),
+                        csr.retransmits_inc.eq(1),
+                    ]
+                    m.next = "IDLE"
+
+            with m.State("FLUSH"):
+                # w = the WQE at sq_tail: the failing one first, then the rest (WR_FLUSH_ERR)
+                with m.If(s.sq_tail == s.sq_head):
+                    with m.If(errq.w_rdy):
+                        ns = Signal(qs_l, name="ns_fatal")
+                        m.d.comb += [
+                            ns.eq(s), ns.err.eq(1), ns.sq_cur.eq(s.sq_head), ns.cur_off.eq(0),
+                            ns.npsn.eq(s.una), ns.rnr_wait.eq(0), *write_state(ns),
+                            errq.w_en.eq(1), errq.w_data.eq(qp), csr.qp_errors_inc.eq(1),
+                            *disarm_timer(1),
+                        ]
+                        m.next = "IDLE"
+                with m.Elif(pdq.w_rdy):
+                    m.d.comb += [pd_push.eq(1), pde.wtag.eq(wtag_now), pde.has_cqe.eq(1),
+                                 *cqe_for_wqe(pde.cqe, w, Mux(flushing, WcStatus.WR_FLUSH_ERR,
+                                                             fatal_status)),
+                                 sq_slot.eq(s.sq_tail + 1)]
+                    m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), flushing.eq(1)]
+                    m.next = "FLUSH_LD"
+            with m.State("FLUSH_LD"):
+                m.d.sync += w.eq(sq_rd.data)
+                m.next = "FLUSH"
+        return m
+
+    # ------------------------------------------------------------------ decisions
+    # The helpers below are parts of ``elaborate`` split out for reading; ``env`` is the
+    # elaborate scope (its signals and helper functions).
+
+    def _respond(self, m, ns, pde, pd_push, mve, env):
+        """Responder: one request packet (DO state, pdq and mover have room)."""
+        v = SimpleNamespace(**env)
+        csr, rec, ictx, s, rqe = self.csr, v.rec, v.ictx, v.s, v.rqe
+        psn = v.psn
+        nak = Signal()
+        nak_syn = Signal(8)
+        with m.If(~v.st_ok):
+            m.d.comb += csr.rx_drop_state_inc.eq(1)
+        with m.Elif(v.behind):
+            m.d.comb += csr.rx_duplicates_inc.eq(1)
+            with m.If(v.is_read):
+                # a duplicate READ is executed again from its own RETH (IBTA 9.7.5.1.4)
+                m.d.comb += pd_push.eq(~v.mr_fail)
+                m.d.comb += v.pd_read_job(ictx.msn)
+            with m.Elif(rec.bth_ackreq):
+                m.d.comb += [pd_push.eq(1), *v.pd_ack(ictx.epsn - 1, ack_syndrome(), ictx.msn)]
+        with m.Elif(v.ahead):
+            m.d.comb += csr.rx_out_of_sequence_inc.eq(1)
+            with m.If(~s.nak_sent):
+                m.d.comb += [pd_push.eq(1), *v.pd_ack(ictx.epsn, nak_syndrome(NakCode.PSN_SEQ_ERR),
+                                                      ictx.msn),
+                             ns.nak_sent.eq(1), ns.ack_cnt.eq(0), csr.tx_naks_inc.eq(1)]
+        with m.Else():
+            with m.If(~v.seq_ok | ~v.len_ok | (v.is_write & ~v.wlen_ok)):
+                m.d.comb += [nak.eq(1), nak_syn.eq(nak_syndrome(NakCode.INV_REQ))]
+            with m.Elif(v.mr_fail):
+                m.d.comb += [nak.eq(1), nak_syn.eq(nak_syndrome(NakCode.REM_ACCESS))]
+            with m.Elif(v.needs_rq & ~v.rq_avail):
+                m.d.comb += [nak.eq(1), nak_syn.eq(rnr_syndrome(0) | ictx.min_rnr_timer)]
+            with m.Elif(v.send_over):
+                # the message does not fit the receive buffer: the WQE completes in error
+                m.d.comb += [nak.eq(1), nak_syn.eq(nak_syndrome(NakCode.INV_REQ)),
+                             pde.has_cqe.eq(1), pde.cqe.qp.eq(v.qp), pde.cqe.is_recv.eq(1),
+                             pde.cqe.status.eq(WcStatus.LOC_LEN_ERR),
+                             pde.cqe.opcode.eq(WcOpcode.RECV), pde.cqe.wr_id.eq(rqe.wr_id),
+                             ns.rq_tail.eq(s.rq_tail + 1), ns.rq_off.eq(0),
+                             ns.in_msg.eq(_InMsg.NONE)]
+            with m.Else():
+                self._accept(m, ns, pde, pd_push, mve, v)
+            with m.If(nak):
+                m.d.comb += [pd_push.eq(1), *v.pd_ack(psn, nak_syn, ictx.msn),
+                             ns.nak_sent.eq(1), ns.ack_cnt.eq(0), csr.tx_naks_inc.eq(1)]
+
+    def _accept(self, m, ns, pde, pd_push, mve, v):
+        """Responder: an in-sequence request that passed every check."""
+        csr, rec, ann, ictx, s, rqe = self.csr, v.rec, v.ann, v.ictx, v.s, v.rqe
+        psn, plen = v.psn, v.plen
+        m.d.comb += [
+            csr.rx_requests_inc.eq(1),
+            self.wb.valid.eq(1),
+            self.wb.payload.index.eq(v.qp),
+            self.wb.payload.ctx.eq(ictx),
+            self.wb.payload.ctx.epsn.eq(psn + Mux(v.is_read, v.read_n, 1)),
+            self.wb.payload.ctx.msn.eq(v.new_msn),
+            ns.nak_sent.eq(0),
+        ]
+        with m.If(v.first):
+            m.d.comb += ns.in_msg.eq(Mux(v.is_send, _InMsg.SEND, _InMsg.WRITE))
+        with m.Elif(v.msg_end):
+            m.d.comb += ns.in_msg.eq(_InMsg.NONE)
+        with m.If(v.is_write):
+            addr = Signal(64)
+            m.d.comb += [
+                addr.eq(Mux(v.first | v.only, ann.bus_addr, s.wcur)),
+                mve.write.eq(plen != 0), mve.addr.eq(addr), mve.len.eq(plen),
+                ns.wcur.eq(addr + plen), ns.wrem.eq(v.wrem_in - plen),
+            ]
+            with m.If(v.first | v.only):
+                m.d.comb += ns.wlen.eq(rec.reth_dma_length)
+            with m.If(v.with_imm):
+                m.d.comb += [
+                    ns.rq_tail.eq(s.rq_tail + 1),
+                    pde.has_cqe.eq(1), pde.cqe.qp.eq(v.qp), pde.cqe.is_recv.eq(1),
+                    pde.cqe.status.eq(WcStatus.SUCCESS), pde.cqe.opcode.eq(WcOpcode.RECV_RDMA_WITH_IMM),
+                    pde.cqe.wr_id.eq(rqe.wr_id),
+                    pde.cqe.byte_len.eq(Mux(v.only, rec.reth_dma_length, s.wlen)),
+                    pde.cqe.has_imm.eq(1), pde.cqe.imm.eq(rec.immdt_data),
+                    pde.cqe.src_qpn.eq(ictx.remote_qpn), pd_push.eq(1),
+                ]
+        with m.If(v.is_send):
+            m.d.comb += [
+                mve.write.eq(plen != 0), mve.addr.eq(rqe.addr + s.rq_off), mve.len.eq(plen),
+                ns.rq_off.eq(Mux(v.msg_end, 0, v.send_total)),
+            ]
+            with m.If(v.msg_end):
+                m.d.comb += [
+                    ns.rq_tail.eq(s.rq_tail + 1),
+                    pde.has_cqe.eq(1), pde.cqe.qp.eq(v.qp), pde.cqe.is_recv.eq(1),
+                    pde.cqe.status.eq(WcStatus.SUCCESS), pde.cqe.opcode.eq(WcOpcode.RECV),
+                    pde.cqe.wr_id.eq(rqe.wr_id), pde.cqe.byte_len.eq(v.send_total),
+                    pde.cqe.has_imm.eq(v.with_imm), pde.cqe.has_inv.eq(v.with_inv),
+                    pde.cqe.imm.eq(Mux(v.with_inv, rec.ieth_rkey, rec.immdt_data)),
+                    pde.cqe.src_qpn.eq(ictx.remote_qpn), pd_push.eq(1),
+                ]
+        with m.If(v.is_read):
+            m.d.comb += [pd_push.eq(1), *v.pd_read_job(v.new_msn)]
+        with m.Else():
+            count = Signal(9)
+            m.d.comb += count.eq(s.ack_cnt + 1)
+            with m.If(rec.bth_ackreq | ((csr.ack_coalesce != 0) & (count >= csr.ack_coalesce))):
+                m.d.comb += [pd_push.eq(1), *v.pd_ack(psn, ack_syndrome(), v.new_msn),
+                             ns.ack_cnt.eq(0)]
+            with m.Else():
+                m.d.comb += ns.ack_cnt.eq(count)
+
+    def _send(self, m, ns, env):
+        """Requester: send the next packet of the QP (DO state of a SEND event)."""
+        v = SimpleNamespace(**env)
+        csr, s, c, w, t = self.csr, v.s, v.c, v.w, v.t
+        window = csr.window
+        can = Signal()
+        m.d.comb += can.eq(~s.err & ~s.rnr_wait & (s.sq_cur != s.sq_head)
+                           & (v.outstanding < window) & (c.state == QpState.RTS))
+        with m.If(~can):
+            m.d.comb += [ns.queued.eq(0), *v.write_state(ns)]
+            m.next = "IDLE"
+        with m.Else():
+            off = s.cur_off
+            rem = Signal(32)
+            m.d.comb += rem.eq(w.length - off)
+            rd = Signal()
+            m.d.comb += rd.eq(w.opcode == WrOpcode.RDMA_READ)
+            f = Signal()
+            lst = Signal()
+            m.d.comb += [f.eq(off == 0), lst.eq(rd | (rem <= v.mtu))]
+            consumed = Signal(24)
+            m.d.comb += consumed.eq(Mux(rd, v.npkts(rem, v.mtu_shift), 1))
+            opc = Signal(8)
+            imm_op = (w.opcode == WrOpcode.SEND_WITH_IMM) | (w.opcode == WrOpcode.RDMA_WRITE_WITH_IMM)
+            with m.Switch(w.opcode):
+                with m.Case(WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.SEND_WITH_INV):
+                    only_op = Mux(w.opcode == WrOpcode.SEND_WITH_INV, O.SEND_ONLY_INV,
+                                  Mux(imm_op, O.SEND_ONLY_IMM, O.SEND_ONLY))
+                    last_op = Mux(w.opcode == WrOpcode.SEND_WITH_INV, O.SEND_LAST_INV,
+                                  Mux(imm_op, O.SEND_LAST_IMM, O.SEND_LAST))
+                    m.d.comb += opc.eq(Mux(f & lst, only_op, Mux(f, O.SEND_FIRST,
+                                                                 Mux(lst, last_op, O.SEND_MIDDLE))))
+                with m.Case(WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM):
+                    only_op = Mux(imm_op, O.WRITE_ONLY_IMM, O.WRITE_ONLY)
+                    last_op = Mux(imm_op, O.WRITE_LAST_IMM, O.WRITE_LAST)
+                    m.d.comb += opc.eq(Mux(f & lst, only_op, Mux(f, O.WRITE_FIRST,
+                                                                 Mux(lst, last_op, O.WRITE_MIDDLE))))
+                with m.Default():
+                    m.d.comb += opc.eq(O.READ_REQUEST)
+            after_out = Signal(25)
+            m.d.comb += after_out.eq(v.outstanding + consumed)
+            mask = Signal(16)
+            m.d.comb += mask.eq((Const(1, 17) << csr.ackreq_shift)[:16] - 1)
+            desc = Signal(tx_desc_layout(self.index_bits))
+            m.d.comb += [
+                desc.qp.eq(v.qp),
+                desc.opcode.eq(opc),
+                desc.psn.eq(s.npsn),
+                desc.ackreq.eq(lst | (after_out >= window) | ((s.npsn[:16] & mask) == mask)),
+                desc.va.eq(w.raddr + off),
+                desc.rkey.eq(w.rkey),
+                desc.dma_len.eq(Mux(rd, rem, w.length)),
+                desc.imm.eq(w.imm),
+                desc.plen.eq(Mux(rd, 0, Mux(lst, rem, v.mtu))),
+                desc.src.eq(Mux(w.inline, PayloadSrc.INLINE, PayloadSrc.DMA)),
+                desc.addr.eq(w.laddr + off),
+                desc.inline.eq(v.wd),
+                v.txq.w_en.eq(1),
+                v.txq.w_data.eq(desc),
+                csr.tx_packets_inc.eq(1),
+            ]
+            with m.If(f):
+                wq = Signal(v.wqe_l)
+                m.d.comb += [wq.eq(w), wq.first_psn.eq(s.npsn),
+                             v.sq_wr.en.eq(1), v.sq_wr.addr.eq(Cat(s.sq_cur[:v.SQB], v.qp)),
+                             v.sq_wr.data.eq(wq)]
+            with m.If(~t.armed):
+                m.d.comb += v.arm_timer(1)
+            m.d.comb += [
+                ns.npsn.eq(s.npsn + consumed),
+                ns.cur_off.eq(Mux(lst, 0, off + v.mtu)),
+                ns.sq_cur.eq(Mux(lst, s.sq_cur + 1, s.sq_cur)),
+            ]
+            more = Signal()
+            m.d.comb += more.eq((ns.sq_cur != s.sq_head) & (after_out < window))
+            m.d.comb += [v.sched_push.eq(more), ns.queued.eq(more), *v.write_state(ns)]
+            m.next = "IDLE"
+
+    def _post(self, m, ns, env):
+        """A work request for the send queue (DO state of a POST event)."""
+        v = SimpleNamespace(**env)
+        s, c, wrq = v.s, v.c, v.wrq
+        known = Signal()
+        with m.Switch(wrq.opcode):
+            with m.Case(*[int(o) for o in WrOpcode]):
+                m.d.comb += known.eq(1)
+        status = Signal(5)
+        with m.If(s.err | (c.state == QpState.ERROR)):
+            m.d.comb += status.eq(WcStatus.WR_FLUSH_ERR)
+        with m.Elif((c.state != QpState.RTS) | ~known | (v.sq_used == self.sq_depth)):
+            m.d.comb += status.eq(WcStatus.LOC_QP_OP_ERR)
+        with m.Elif(wrq.inline & (wrq.length > INLINE_MAX)):
+            m.d.comb += status.eq(WcStatus.LOC_LEN_ERR)
+        with m.If(status == WcStatus.SUCCESS):
+            wq = Signal(v.wqe_l)
+            m.d.comb += [
+                wq.opcode.eq(wrq.opcode), wq.signaled.eq(wrq.signaled), wq.inline.eq(wrq.inline),
+                wq.wr_id.eq(wrq.wr_id), wq.laddr.eq(wrq.laddr), wq.length.eq(wrq.length),
+                wq.raddr.eq(wrq.raddr), wq.rkey.eq(wrq.rkey), wq.imm.eq(wrq.imm),
+                v.sq_wr.en.eq(1), v.sq_wr.addr.eq(Cat(s.sq_head[:v.SQB], v.qp)), v.sq_wr.data.eq(wq),
+                v.sqd_wr.en.eq(1), v.sqd_wr.addr.eq(Cat(s.sq_head[:v.SQB], v.qp)),
+                v.sqd_wr.data.eq(wrq.inline_data),
+                ns.sq_head.eq(s.sq_head + 1), ns.queued.eq(1), v.sched_push.eq(~s.queued),
+                *v.write_state(ns),
+                self.wr.ready.eq(1),
+            ]
+            m.next = "IDLE"
+        with m.Elif(v.pdq.w_rdy):
+            wq = Signal(v.wqe_l)
+            m.d.comb += [wq.opcode.eq(wrq.opcode), wq.wr_id.eq(wrq.wr_id), wq.length.eq(wrq.length)]
+            m.d.comb += [v.pd_push.eq(1), v.pde.wtag.eq(v.wtag_now), v.pde.has_cqe.eq(1),
+                         *v.cqe_for_wqe(v.pde.cqe, wq, status), self.wr.ready.eq(1)]
+            m.next = "IDLE"
+
+    def _after_rx(self, m, env):
+        """Requester: act on a response once the walk has completed what it covers."""
+        v = SimpleNamespace(**env)
+        csr, s, c, w = self.csr, v.s, v.c, v.w
+        psn, plen, op = v.psn, v.plen, v.op
+        with m.If(v.pdq.w_rdy & v.mvq.w_rdy):
+            ns = Signal(v.qs_l, name="ns_resp")
+            m.d.comb += [ns.eq(s), v.rx_take.eq(1), v.mv_push.eq(1), v.mve.write.eq(0)]
+            at_una = Signal()
+            m.d.comb += at_una.eq(psn == s.una)
+            done = Signal()         # write ns and finish (no rewind / fatal)
+            m.d.comb += done.eq(1)
+            # a walk that completed WQEs is progress: the retry budget starts afresh
+            eff_retry = Signal(3)
+            m.d.comb += eff_retry.eq(Mux(s.una != v.una0, c.retry_cnt, s.retry_left))
+            with m.Switch(v.after):
+                with m.Case(v.A_ACK):
+                    m.d.comb += csr.rx_acks_inc.eq(1)
+                with m.Case(v.A_SEQ, v.A_LOSTREAD):
+                    with m.If(at_una | (v.after == v.A_LOSTREAD)):
+                        m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0)]
+                        with m.If(eff_retry == 0):
+                            m.d.sync += [v.fatal_status.eq(WcStatus.RETRY_EXC_ERR),
+                                         v.after.eq(v.A_FATAL)]
+                        with m.Else():
+                            m.d.comb += ns.retry_left.eq(eff_retry - 1)
+                            m.d.sync += v.after.eq(v.A_REWIND)
+                    with m.Else():
+                        m.d.comb += csr.rx_stale_inc.eq(1)
+                with m.Case(v.A_RNR):
+                    with m.If(at_una):
+                        m.d.comb += csr.rx_acks_inc.eq(1)
+                        with m.If((s.rnr_left == 0) & (c.rnr_retry != 7)):
+                            m.d.comb += done.eq(0)
+                            m.d.sync += [v.fatal_status.eq(WcStatus.RNR_RETRY_EXC_ERR),
+                                         v.after.eq(v.A_FATAL)]
+                        with m.Else():
+                            ticks = Signal(32)
+                            with m.Switch(v.syn[0:5]):
+                                for code, n in enumerate(_rnr_tick_table()):
+                                    with m.Case(code):
+                                        m.d.comb += ticks.eq(n)
+                            m.d.comb += [
+                                ns.rnr_left.eq(Mux(c.rnr_retry == 7, s.rnr_left, s.rnr_left - 1)),
+                                ns.rnr_wait.eq(1),
+                                v.tmr_wr.en.eq(1), v.tmr_wr.addr.eq(v.qp),
+                                v.tmr_wr.data.armed.eq(1), v.tmr_wr.data.rnr.eq(1),
+                                v.tmr_wr.data.deadline.eq(v.now + ticks + 1),
+                            ]
+                    with m.Else():
+                        m.d.comb += csr.rx_stale_inc.eq(1)
+                with m.Case(v.A_FATAL):
+                    m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0)]
+                with m.Case(v.A_READ):
+                    # READ response at una for the oldest WQE, a READ, in position
+                    off = Signal(32)
+                    m.d.comb += off.eq(((psn - w.first_psn)[:24] << v.mtu_shift)[:32])
+                    rem = Signal(32)
+                    m.d.comb += rem.eq(w.length - off)
+                    lastpkt = Signal()
+                    m.d.comb += lastpkt.eq(rem <= v.mtu)
+                    want = Signal(8)
+                    m.d.comb += want.eq(Mux(off == 0, Mux(lastpkt, O.READ_RESP_ONLY, O.READ_RESP_FIRST),
+                                            Mux(lastpkt, O.READ_RESP_LAST, O.READ_RESP_MIDDLE)))
+                    ok = Signal()
+                    m.d.comb += ok.eq(at_una & (w.opcode == WrOpcode.RDMA_READ) & v.sent_any
+                                      & (s.sq_tail != s.sq_head) & (op == want)
+                                      & (plen == Mux(lastpkt, rem, v.mtu)))
+                    with m.If(ok):
+                        m.d.comb += [
+                            csr.rx_acks_inc.eq(1),
+                            v.mve.write.eq(plen != 0), v.mve.addr.eq(w.laddr + off), v.mve.len.eq(plen),
+                            ns.una.eq(psn + 1),
+                            ns.retry_left.eq(c.retry_cnt), ns.rnr_left.eq(c.rnr_retry),
+                        ]
+                        with m.If(lastpkt):
+                            m.d.comb += [ns.sq_tail.eq(s.sq_tail + 1),
+                                         v.pd_push.eq(w.signaled), v.pde.wtag.eq(v.wtag_now),
+                                         v.pde.has_cqe.eq(1),
+                                         *v.cqe_for_wqe(v.pde.cqe, w, WcStatus.SUCCESS)]
+                    with m.Else():
+                        m.d.comb += csr.rx_stale_inc.eq(1)
+                with m.Default():
+                    m.d.comb += csr.rx_stale_inc.eq(1)
+            moved = Signal()
+            m.d.comb += moved.eq(ns.una != v.una0)
+            with m.If(done):
+                # progress: counters refreshed, timer re-armed (or disarmed when idle), and the
+                # QP scheduled if the window opened on pending work
+                with m.If(moved):
+                    m.d.comb += ns.retry_left.eq(c.retry_cnt)
+                    with m.If(v.after != v.A_RNR):
+                        m.d.comb += ns.rnr_left.eq(c.rnr_retry)
+                        with m.If(ns.una == s.npsn):
+                            m.d.comb += v.disarm_timer(1)
+                        with m.Else():
+                            m.d.comb += v.arm_timer(1)
+                work = Signal()
+                m.d.comb += work.eq((s.sq_cur != s.sq_head) & ~ns.rnr_wait)
+                with m.If(work & ~s.queued):
+                    m.d.comb += [ns.queued.eq(1), v.sched_push.eq(1)]
+                m.d.comb += v.write_state(ns)
+                m.next = "IDLE"
+            with m.Else():
+                m.d.sync += s.eq(ns)
+                m.next = "AFTER"

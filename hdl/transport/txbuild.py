@@ -1,0 +1,245 @@
+# Ref: IBTA Vol 1 Annex A17 (RoCEv2) A17.4; IBTA Vol 1 ch. 9.2-9.3 (BTH, RETH, AETH, ImmDt, IETH)
+"""TX packet builder: turns packet descriptors into header records and payload beats for the
+deparser.
+
+The transport decides *what* to send (``tx_desc_layout``: opcode, PSN, extension-header values,
+where the payload comes from); the builder knows *how* a packet of a QP looks on the wire. It
+reads the QP's transmit attributes (the copy of its context the transport keeps: destination
+MAC/IP, remote QPN, P_Key, traffic class, hop limit, flow label, UDP source port, VLAN and
+priority) and the local address from the GID table, fills the deparser's header record, and
+sources the payload: read from host memory by DMA, taken from the descriptor (inline data of
+small messages), or a single empty beat for header-only packets::
+
+    desc -> [S0: ctx read] -> [S1: record] -+-> recq ------------------> o_meta (deparser.i_meta)
+                                            +-> dma_cmd (DMA payload)
+                                            +-> srcq -> payload mux ---> o (deparser.i)
+                                                           ^ dma_data
+
+The deparser computes lengths, pad, checksums and the ICRC. One descriptor per clock; the
+payload mux moves from one packet's last beat to the next packet's first beat without a bubble,
+so back-to-back packets leave at line rate as long as the DMA keeps up.
+
+Ports
+-----
+desc        In   stream of ``tx_desc_layout(index_bits)``
+ctx_addr    Out  QP index to read the transmit context of (a synchronous read port of the owner's
+                 context copy: ``ctx_data`` is valid the clock after ``ctx_en``)
+ctx_en      Out  read enable
+ctx_data    In   the QP context (``qp_context_layout``)
+gid         In   array of ``GIDS`` x ``gid_layout`` (source MAC, IP, IPv6 flag)
+dma_cmd     Out  stream ``{addr: 64, len: 16}``: payload reads (commands with len > 0 only)
+dma_data    In   stream of beats: the payload of each DMA command, aligned to lane 0
+o_meta      Out  stream of ``record_layout()`` (to ``Deparser.i_meta``)
+o           Out  stream of payload beats (to ``Deparser.i``)
+
+Parameters: ``data_width``, ``index_bits``.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from ..flow.layouts import qp_context_layout
+from ..net.layout import beat_layout, record_layout
+from ..regmap import GIDS
+from .formats import INLINE_MAX
+
+__all__ = ["PayloadSrc", "tx_desc_layout", "gid_layout", "TxBuilder", "MAX_PLEN_BITS"]
+
+MAX_PLEN_BITS = 13   # payload bytes per packet: up to 4096 (path MTU)
+
+
+class PayloadSrc(enum.IntEnum, shape=2):
+    NONE = 0       # header-only packet (ACK, READ request, zero-length message)
+    DMA = 1        # read plen bytes at addr from host memory
+    INLINE = 2     # the descriptor's inline bytes
+
+
+def tx_desc_layout(index_bits):
+    """One packet to transmit, as the transport decides it."""
+    return data.StructLayout({
+        "qp": index_bits,
+        "opcode": 8,
+        "psn": 24,
+        "ackreq": 1,
+        "va": 64,           # RETH
+        "rkey": 32,
+        "dma_len": 32,
+        "imm": 32,          # ImmDt, or IETH rkey
+        "syndrome": 8,      # AETH
+        "msn": 24,
+        "plen": MAX_PLEN_BITS,
+        "src": PayloadSrc,
+        "addr": 64,         # DMA: bus address of the first payload byte
+        "inline": INLINE_MAX * 8,
+    })
+
+
+def gid_layout():
+    return data.StructLayout({"mac": 48, "ip": 128, "ipv6": 1})
+
+
+def _src_entry_layout():
+    return data.StructLayout({"src": PayloadSrc, "plen": MAX_PLEN_BITS, "inline": INLINE_MAX * 8})
+
+
+class TxBuilder(wiring.Component):
+    def __init__(self, data_width=64, index_bits=4):
+        self.data_width = data_width
+        self.index_bits = index_bits
+        beat = beat_layout(data_width)
+        super().__init__({
+            "desc":     In(stream.Signature(tx_desc_layout(index_bits))),
+            "ctx_addr": Out(index_bits),
+            "ctx_en":   Out(1),
+            "ctx_data": In(qp_context_layout()),
+            "gid":      In(data.ArrayLayout(gid_layout(), GIDS)),
+            "dma_cmd":  Out(stream.Signature(data.StructLayout({"addr": 64, "len": 16}))),
+            "dma_data": In(stream.Signature(beat)),
+            "o_meta":   Out(stream.Signature(record_layout())),
+            "o":        Out(stream.Signature(beat)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        B = self.data_width // 8
+        rec_l = record_layout()
+        m.submodules.recq = recq = SyncFIFOBuffered(width=rec_l.size, depth=4)
+        m.submodules.srcq = srcq = SyncFIFOBuffered(width=_src_entry_layout().size, depth=8)
+        m.submodules.cmdq = cmdq = SyncFIFOBuffered(width=80, depth=4)
+
+        # S1 holds one descriptor whose context read is in flight (data valid in S1).
+        s1_valid = Signal()
+        s1 = Signal(tx_desc_layout(self.index_bits))
+        room = Signal()
+        m.d.comb += room.eq(recq.w_rdy & srcq.w_rdy & cmdq.w_rdy)
+        push = Signal()
+        m.d.comb += push.eq(s1_valid & room)
+        take = Signal()
+        m.d.comb += [
+            take.eq(self.desc.valid & (~s1_valid | push)),
+            self.desc.ready.eq(~s1_valid | push),
+            self.ctx_addr.eq(self.desc.payload.qp),
+            self.ctx_en.eq(take),
+        ]
+        with m.If(take):
+            m.d.sync += [s1.eq(self.desc.payload), s1_valid.eq(1)]
+        with m.Elif(push):
+            m.d.sync += s1_valid.eq(0)
+
+        # ---------------------------------------------------------------- the header record
+        ctx = self.ctx_data
+        gid = Signal(gid_layout())
+        with m.Switch(ctx.sgid_index):
+            for i in range(GIDS):
+                with m.Case(i):
+                    m.d.comb += gid.eq(self.gid[i])
+        r = Signal(rec_l)
+        tc = ctx.traffic_class
+        m.d.comb += [
+            r.roce.eq(1),
+            r.eth_dst.eq(ctx.dst_mac),
+            r.eth_src.eq(gid.mac),
+            r.vlan.eq(ctx.tx_vlan[12]),
+            r.vlan_vid.eq(ctx.tx_vlan[:12]),
+            r.vlan_pcp.eq(ctx.sl),
+            r.ipv6.eq(ctx.ipv6),
+            r.ipv4_ihl.eq(5),
+            r.ipv4_dscp.eq(tc[2:8]),
+            r.ipv4_ecn.eq(tc[0:2]),
+            r.ipv4_flags.eq(0b010),          # don't fragment, as RoCE NICs send
+            r.ipv4_ttl.eq(ctx.hop_limit),
+            r.ipv4_src.eq(gid.ip[:32]),
+            r.ipv4_dst.eq(ctx.dst_ip[:32]),
+            r.ipv6_dscp.eq(tc[2:8]),
+            r.ipv6_ecn.eq(tc[0:2]),
+            r.ipv6_flow_label.eq(ctx.flow_label),
+            r.ipv6_hop_limit.eq(ctx.hop_limit),
+            r.ipv6_src.eq(gid.ip),
+            r.ipv6_dst.eq(ctx.dst_ip),
+            r.udp_sport.eq(ctx.udp_sport),
+            r.bth_opcode.eq(s1.opcode),
+            r.bth_pkey.eq(ctx.pkey),
+            r.bth_dest_qp.eq(ctx.remote_qpn),
+            r.bth_ackreq.eq(s1.ackreq),
+            r.bth_psn.eq(s1.psn),
+            r.reth_va.eq(s1.va),
+            r.reth_rkey.eq(s1.rkey),
+            r.reth_dma_length.eq(s1.dma_len),
+            r.aeth_syndrome.eq(s1.syndrome),
+            r.aeth_msn.eq(s1.msn),
+            r.immdt_data.eq(s1.imm),
+            r.ieth_rkey.eq(s1.imm),
+            r.payload_len.eq(s1.plen),
+        ]
+        src_in = Signal(_src_entry_layout())
+        dma = Signal()
+        m.d.comb += [
+            dma.eq((s1.src == PayloadSrc.DMA) & (s1.plen != 0)),
+            src_in.src.eq(Mux(s1.plen == 0, PayloadSrc.NONE, s1.src)),
+            src_in.plen.eq(s1.plen),
+            src_in.inline.eq(s1.inline),
+            recq.w_en.eq(push),
+            recq.w_data.eq(r),
+            srcq.w_en.eq(push),
+            srcq.w_data.eq(src_in),
+            cmdq.w_en.eq(push & dma),
+            cmdq.w_data.eq(Cat(s1.addr, s1.plen, Const(0, 16 - len(s1.plen)))),
+            self.dma_cmd.valid.eq(cmdq.r_rdy),
+            self.dma_cmd.payload.eq(cmdq.r_data),
+            cmdq.r_en.eq(self.dma_cmd.ready),
+            self.o_meta.valid.eq(recq.r_rdy),
+            self.o_meta.payload.eq(recq.r_data),
+            recq.r_en.eq(self.o_meta.ready),
+        ]
+
+        # ---------------------------------------------------------------- payload mux
+        head = Signal(_src_entry_layout())
+        m.d.comb += head.eq(srcq.r_data)
+        nbeats_inline = -(-INLINE_MAX // B)
+        beat = Signal(range(max(2, nbeats_inline)))
+        o = self.o
+        done = Signal()
+        with m.Switch(head.src):
+            with m.Case(PayloadSrc.DMA):
+                m.d.comb += [
+                    o.valid.eq(srcq.r_rdy & self.dma_data.valid),
+                    o.payload.eq(self.dma_data.payload),
+                    self.dma_data.ready.eq(srcq.r_rdy & o.ready),
+                    done.eq(o.valid & o.ready & self.dma_data.payload.last),
+                ]
+            with m.Case(PayloadSrc.INLINE):
+                # Inline bytes [beat*B, beat*B + B) of at most INLINE_MAX.
+                left = Signal(MAX_PLEN_BITS + 1)
+                m.d.comb += left.eq(head.plen - beat * B)
+                last = Signal()
+                m.d.comb += last.eq(left <= B)
+                chunks = [head.inline[8 * B * i:8 * B * (i + 1)]
+                          for i in range(nbeats_inline)]
+                with m.Switch(beat):
+                    for i, chunk in enumerate(chunks):
+                        with m.Case(i):
+                            m.d.comb += o.payload.data.eq(chunk)
+                keep_bits = Signal(B)
+                with m.If(last):
+                    m.d.comb += keep_bits.eq((Const(1, B + 1) << left[:(B).bit_length()]) - 1)
+                with m.Else():
+                    m.d.comb += keep_bits.eq((1 << B) - 1)
+                m.d.comb += [
+                    o.valid.eq(srcq.r_rdy),
+                    o.payload.keep.eq(keep_bits),
+                    o.payload.last.eq(last),
+                    done.eq(o.valid & o.ready & last),
+                ]
+                with m.If(o.valid & o.ready):
+                    m.d.sync += beat.eq(Mux(last, 0, beat + 1))
+            with m.Default():
+                m.d.comb += [
+                    o.valid.eq(srcq.r_rdy),
+                    o.payload.keep.eq(0),
+                    o.payload.last.eq(1),
+                    done.eq(o.valid & o.ready),
+                ]
+        m.d.comb += srcq.r_en.eq(done)
+        return m
