@@ -687,6 +687,7 @@ class RequesterModel:
             if w.is_read:
                 # An ACK at or past an unfinished READ: its responses were lost. Ask again.
                 if not psn_behind(p, w.first_psn):
+                    self.counts["read_rewind"] += 1
                     self._rewind()
                 break
             if not psn_ahead(w.last_psn, p):
