@@ -18,7 +18,9 @@ strobes applied::
 Per-byte write counts live in a ``bytearray`` over a configured window (saturating at 255,
 plenty to tell "once" from "twice"); the common case, bytes never written before, costs one
 slice compare and one slice assignment per run. Writes outside the window are counted in a
-dict (they are usually the bug a test looks for). The log (:class:`DmaWrite`: address, data,
+dict (they are usually the bug a test looks for). ``write_map()`` gives ``{address: count}``
+of every written byte (what ``stellar.sim.scoreboard`` reads), ``write_counts(addr, n)`` the
+dense counts of a range. The log (:class:`DmaWrite`: address, data,
 sim time in ns, clock edge number) can be turned off for long runs (``log=False``).
 """
 
@@ -129,15 +131,23 @@ class RecordingAxiRam(AxiRam):
 
     # -- queries ------------------------------------------------------------------------------
 
-    def _range(self, addr, n):
-        if addr is None:
-            return self.window_base, self.window_size
-        return int(addr), int(n)
+    def write_map(self) -> dict:
+        """``{address: count}`` for every byte the bus wrote (counts saturate at 255): the
+        ``HostMemory`` protocol of ``stellar.sim.scoreboard``."""
+        out = {}
+        base = self.window_base
+        for m in re.finditer(rb"[^\x00]+", self._counts):
+            for i in range(m.start(), m.end()):
+                out[base + i] = self._counts[i]
+        for a, c in self.outside.items():
+            out[a] = min(255, c)
+        return out
 
-    def write_map(self, addr=None, n=None) -> bytes:
+    def write_counts(self, addr=None, n=None) -> bytes:
         """Per byte of ``[addr, addr + n)`` (default: the window) how many times the bus wrote
         it (saturating at 255): index ``i`` is address ``addr + i``."""
-        addr, n = self._range(addr, n)
+        if addr is None:
+            addr, n = self.window_base, self.window_size
         lo = addr - self.window_base
         if 0 <= lo and lo + n <= self.window_size:
             return bytes(self._counts[lo:lo + n])
@@ -154,13 +164,13 @@ class RecordingAxiRam(AxiRam):
         (default: the window plus every address outside it)."""
         if addr is None:
             return self.window_size - self._counts.count(0) + len(self.outside)
-        m = self.write_map(addr, n)
+        m = self.write_counts(addr, n)
         return len(m) - m.count(0)
 
     def write_faults(self, addr, n, expect=1):
         """``[(start, end, count)]``: the runs of ``[addr, addr + n)`` not written exactly
         ``expect`` times (an empty list proves the range landed exactly once)."""
-        m = self.write_map(addr, n)
+        m = self.write_counts(addr, n)
         out = []
         i = 0
         while i < n:
