@@ -331,7 +331,11 @@ class Scoreboard:
         for wid in exp_ids:
             if wid not in seen:
                 problems.append(f"{where}: missing {queue} completion for {known[wid]}")
-        order = [exp_pos[c.wr_id] for c in actual if c.wr_id in exp_pos]
+        order, first = [], set()
+        for c in actual:
+            if c.wr_id in exp_pos and c.wr_id not in first:
+                first.add(c.wr_id)
+                order.append(exp_pos[c.wr_id])
         for i in range(1, len(order)):
             if order[i] <= order[i - 1]:
                 a, b = expected[order[i - 1]][0], expected[order[i]][0]
@@ -373,12 +377,19 @@ class Scoreboard:
                 problems.append(f"{where}: {w.desc} is longer than {known[r.wr_id]}; it must "
                                 f"fail: declare expect_error({w.side!r}, {w.wr.qp}, "
                                 "REM_INV_REQ_ERR)")
-                continue
-            if (w.seq == pfail_seq and too_long and w.wr.opcode.is_send
-                    and self.errors.get(pkey) == WcStatus.REM_INV_REQ_ERR):
-                strict_exp[r.wr_id] = (r, w, WcStatus.LOC_LEN_ERR)
+                optional[r.wr_id] = (r, w)
                 targets.append(_Target(side, list(range(r.addr, r.addr + r.length)), b"", w,
-                                       False, f"receive WQE wr_id {r.wr_id:#x}", r.wr_id))
+                                       False, f"receive WQE wr_id {r.wr_id:#x}"))
+                continue
+            if w.seq == pfail_seq and too_long and w.wr.opcode.is_send:
+                if self.errors.get(pkey) == WcStatus.REM_INV_REQ_ERR:
+                    strict_exp[r.wr_id] = (r, w, WcStatus.LOC_LEN_ERR)
+                else:
+                    problems.append(f"{where}: {w.desc} is longer than {known[r.wr_id]}: its "
+                                    "sender must fail with REM_INV_REQ_ERR")
+                    optional[r.wr_id] = (r, w)
+                targets.append(_Target(side, list(range(r.addr, r.addr + r.length)), b"", w,
+                                       False, f"receive WQE wr_id {r.wr_id:#x}"))
                 continue
             if strict:
                 strict_exp[r.wr_id] = (r, w, WcStatus.SUCCESS)
