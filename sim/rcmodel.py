@@ -30,16 +30,21 @@ Choices where the contract is silent (IBTA is followed):
   would move ``una`` past ``npsn``).
 * READ response positions (FIRST/MIDDLE/LAST/ONLY) are counted from the PSN of the READ
   request last sent for the WQE: after go-back-N inside a READ, the re-sent request asks for
-  the rest and the responder answers with a new FIRST (IBTA 9.7.5.1.5 / C9-108).
-* WRITE payloads must add up to the RETH DMA length (IBTA C9-88, rxe check_length): FIRST and
-  MIDDLE need more than one MTU left, LAST and ONLY carry exactly what is left; otherwise NAK
-  invalid request. This keeps every byte inside the range the memory-region check approved.
+  the rest, and the responder, for which it is a request of its own, answers with a new FIRST
+  (IBTA 9.7.5: a retried RDMA READ restarts at the first unacknowledged PSN).
+* WRITE payloads must add up to the RETH DMA length (IBTA 9.7.4 length checks; rdma-core's rxe
+  does the same): FIRST and MIDDLE need more than one MTU left, LAST and ONLY carry exactly
+  what is left; otherwise NAK invalid request. This keeps every byte inside the range the
+  memory-region check approved.
 * Go-back-N (rewind) disarms the ACK timer (nothing is outstanding right after it); the first
   re-sent packet arms it again.
 * A fatal error completes the failing WQE with its status and every other WQE still queued with
   WR_FLUSH_ERR, in WQE order.
 * After a SEND longer than its receive buffer (LOC_LEN_ERR), the receive WQE is retired; later
   in-sequence packets of that message find no buffer and get NAK invalid request again.
+* While an RNR wait runs, progress (una advancing) leaves the RNR timer alone.
+* Successful send-queue completions carry ``byte_len`` = message length (as rxe does; verbs
+  defines it only for READ). Reserved NAK codes (4..31) complete as REM_OP_ERR.
 """
 
 import enum
