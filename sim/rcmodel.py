@@ -120,6 +120,10 @@ class Packet:
     aeth: "Aeth | None" = None
 
     @property
+    def dest_qp(self):
+        return self.qp
+
+    @property
     def length(self):
         """Payload bytes (from ``src`` when the bytes themselves were not filled in)."""
         return self.src[1] if self.src is not None else len(self.payload)

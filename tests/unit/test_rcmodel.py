@@ -650,3 +650,66 @@ def test_end_to_end_catches_a_responder_without_psn_check():
             r._ahead = sloppy
     with pytest.raises(AssertionError, match="scoreboard"):
         random_run(3, 0.05, planted=planted)
+
+
+@pytest.mark.parametrize("case", ["rem_access", "recv_too_small", "rnr_exhausted", "retry_exhausted"])
+def test_end_to_end_errors(case):
+    """Fatal errors in a lossy run: the failing WR completes with its status, the WRs after it
+    (posted before or after the failure) with WR_FLUSH_ERR; the scoreboard, told which status to
+    expect, accepts the run."""
+    rng = random.Random(f"rcmodel-e2e-errors:{case}")
+    mems = {s: SparseMemory() for s in "ab"}
+    for s in "ab":
+        mems[s].load(0, pattern(0x8000, ord(s)))
+    loss = 1.0 if case == "retry_exhausted" else 0.02
+    sim = PairSim(mems, rng=rng, loss=loss, pmtu=1, window=8, timeout=2, retry_cnt=3,
+                  rnr_retry=1 if case == "rnr_exhausted" else 7,
+                  mr_ok=lambda p: p.reth.rkey != 0xBAD)
+    sb = Scoreboard(mems["a"], mems["b"])
+    sim.connect(1, 2, psn_ab=0xFFFFFD)
+    sb.connect(1, 2)
+    for s in "ab":
+        sb.watch(s, 0, 0x8000)
+    sb.snapshot()
+
+    def post(wr, recv_len=None):
+        if recv_len is not None:
+            rr = RecvRequest(2, 100 + wr.wr_id, 0x6000 + wr.wr_id * 0x100, recv_len)
+            sim.post_recv("b", rr)
+            sb.post_recv("b", rr)
+        sim.post_send("a", wr)
+        sb.post_send("a", wr)
+
+    good = case != "retry_exhausted"
+    if good:
+        post(WorkRequest(1, 1, WrOpcode.RDMA_WRITE, laddr=0x100, length=600, raddr=0x4000))
+        post(WorkRequest(1, 2, WrOpcode.SEND, laddr=0x200, length=200), recv_len=256)
+    if case == "rem_access":
+        post(WorkRequest(1, 3, WrOpcode.RDMA_WRITE, laddr=0x300, length=700, raddr=0x4400, rkey=0xBAD))
+        status = WcStatus.REM_ACCESS_ERR
+    elif case == "recv_too_small":
+        post(WorkRequest(1, 3, WrOpcode.SEND, laddr=0x300, length=700), recv_len=0x100)
+        status = WcStatus.REM_INV_REQ_ERR
+    elif case == "rnr_exhausted":
+        post(WorkRequest(1, 3, WrOpcode.SEND_WITH_IMM, laddr=0x300, length=20, imm=3))
+        status = WcStatus.RNR_RETRY_EXC_ERR
+    else:
+        post(WorkRequest(1, 3, WrOpcode.RDMA_WRITE, laddr=0x300, length=700, raddr=0x4400))
+        status = WcStatus.RETRY_EXC_ERR
+    post(WorkRequest(1, 4, WrOpcode.RDMA_READ, laddr=0x5000, length=300, raddr=0x100))
+    post(WorkRequest(1, 5, WrOpcode.RDMA_WRITE, inline=b"after", raddr=0x4900, signaled=False))
+    sb.expect_error("a", 1, status)
+    sim.run(until_us=1e6)
+    assert sim.req["a", 1].error
+    post(WorkRequest(1, 6, WrOpcode.RDMA_WRITE, inline=b"late", raddr=0x4800))   # flushed at once
+    for side, c in sim.completions:
+        sb.completion(side, c)
+    sb.check()
+    sends = [(c.wr_id, c.status) for s, c in sim.completions if s == "a"]
+    ok = [(1, S), (2, S)] if good else []
+    assert sends == ok + [(3, status), (4, WcStatus.WR_FLUSH_ERR), (5, WcStatus.WR_FLUSH_ERR),
+                          (6, WcStatus.WR_FLUSH_ERR)]
+    recvs = [(c.wr_id, c.status) for s, c in sim.completions if s == "b"]
+    assert recvs[:1] == ([(102, S)] if good else [])
+    if case == "recv_too_small":
+        assert recvs[1:] == [(103, WcStatus.LOC_LEN_ERR)]
