@@ -105,7 +105,8 @@ def burst_layout(data_width):
 
 def _mask_below(value, nbytes):
     """Lanes ``[0, value)``, or all lanes when ``value == 0`` (a full last beat)."""
-    return Cat(*((value == 0) | (value > i) for i in range(nbytes)))
+    # Lane 0 is always in; the top lane only for a full beat (no constant comparisons).
+    return Cat(Const(1, 1), *((value == 0) | (value > i) for i in range(1, nbytes - 1)), value == 0)
 
 
 class BurstSplitter(wiring.Component):
@@ -351,7 +352,7 @@ class DmaWriter(wiring.Component):
         m.d.comb += shift.eq(B - d.offset)
         shifted = Cat(prev, self.i.payload.data).bit_select(Cat(Const(0, 3), shift), W)
         strb = Signal(B)
-        first_mask = Cat(*(d.offset <= i for i in range(B)))
+        first_mask = Cat(d.offset == 0, *(d.offset <= i for i in range(1, B - 1)), Const(1, 1))
         m.d.comb += strb.eq(Mux(first_beat, first_mask, full) & Mux(cmd_end, d.end_mask, full))
 
         with m.If(dv & d.zero):
