@@ -254,14 +254,16 @@ class DmaWriter(wiring.Component):
     available to the W channel (both come from one split step), so W never waits for AW
     acceptance and AW never waits for W data (A3.3.1: no deadlock with any subordinate). Up to
     ``outstanding`` bursts may wait for their B responses. ``bready`` is high whenever a burst
-    is outstanding.
+    is outstanding (but for the one cycle in which a zero-length command ahead of it retires).
 
     Latency (cycles after the ``cmd`` transfer, no stalls): ``awvalid`` at +2, the first
     ``wvalid`` at +4 (if the data beat is there), ``done`` 1 cycle after the last B.
     Throughput: one W beat per clock in steady state, also across back-to-back commands (no
     bubble between commands when addresses are aligned; an unaligned command whose bytes span
     one more bus beat than stream beats costs that one extra beat). A zero-length command
-    costs one cycle without a W beat.
+    costs one cycle without a W beat. Each burst holds a tracking entry from its split to its B
+    response, so with a write latency of ``L`` cycles (last W beat to B) trains of one-beat
+    commands keep that rate only with ``outstanding >= L + 4`` (the default 16: ``L <= 12``).
     """
 
     def __init__(self, data_width, *, addr_width=64, id_width=4, max_burst=256, outstanding=16):
@@ -433,9 +435,13 @@ class DmaReader(wiring.Component):
     needs the next R beat too). A zero-length command's beat appears 4 cycles after its ``cmd``
     transfer (it queues behind earlier commands' data).
     Throughput: one ``o`` beat per clock in steady state, with no bubble between back-to-back
-    aligned commands (given enough ``outstanding`` bursts and buffer for the subordinate's
-    read latency); an unaligned command costs one extra cycle (its first R beat only primes
-    the shifter).
+    aligned commands; an unaligned command costs one extra cycle (its first R beat only primes
+    the shifter). This needs enough reads in flight to cover the subordinate's read latency
+    ``L`` (AR accepted to its first R beat): ``buffer >= L + 3 + b`` beats for bursts of ``b``
+    beats (space is reserved per whole burst), and ``outstanding >= L + 2`` for trains of
+    one-beat commands. The defaults (16 bursts, four maximal bursts of buffer) keep the rate
+    up to ``L = 3 * burst_beats(W, max_burst) - 3`` for long commands (189 cycles at 512 bits)
+    and ``L = 14`` for one-beat commands.
     """
 
     def __init__(self, data_width, *, addr_width=64, id_width=4, max_burst=256, outstanding=16,
