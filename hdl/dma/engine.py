@@ -245,19 +245,22 @@ class DmaWriter(wiring.Component):
                        (aw, w, b); the read channels are idle (``arvalid = rready = 0``).
                        :func:`connect_axi` / :class:`Dma` share one bus with a reader.
 
-    Parameters: ``data_width`` (power of two, 16..1024; 64 and 512 are tested),
+    Parameters: ``data_width`` (power of two, 16..1024),
     ``addr_width`` (of ``awaddr``, the command address is truncated to it), ``id_width``,
     ``max_burst`` (beats, power of two <= 256; bursts are also cut at 4 KiB),
     ``outstanding`` (bursts issued and not yet answered by B; the tracking FIFO depth).
 
-    Bus behaviour: the AW of a burst is offered at the same time as its W data becomes
-    available to the W channel (both come from one split step), so W never waits for AW
-    acceptance and AW never waits for W data (A3.3.1: no deadlock with any subordinate). Up to
+    Bus behaviour: a burst's AW (into the AW register) and its W descriptor (into the W
+    datapath's queue) are queued in the same clock, when its command starts; from there the
+    channels are independent: W never waits for AW acceptance and AW never waits for W data
+    (A3.3.1: no deadlock with any subordinate), and an AW may be on the bus before its data
+    arrived on ``i``. Up to
     ``outstanding`` bursts may wait for their B responses. ``bready`` is high whenever a burst
     is outstanding (but for the one cycle in which a zero-length command ahead of it retires).
 
     Latency (cycles after the ``cmd`` transfer, no stalls): ``awvalid`` at +2, the first
-    ``wvalid`` at +4 (if the data beat is there), ``done`` 1 cycle after the last B.
+    ``wvalid`` at +4 (if the data beat is there), ``done`` 1 cycle after the last B (a
+    zero-length command with nothing ahead of it: ``done`` at +4).
     Throughput: one W beat per clock in steady state, also across back-to-back commands (no
     bubble between commands when addresses are aligned; an unaligned command whose bytes span
     one more bus beat than stream beats costs that one extra beat). A zero-length command

@@ -437,6 +437,16 @@ def test_random_traffic(width, max_burst, budget, seed):
     assert bench.out["wr_errors"] > 0 and bench.out["rd_errors"] > 0   # the error paths ran
 
 
+@pytest.mark.parametrize("width,max_burst", [(16, 256), (32, 4), (128, 256), (256, 2), (1024, 256)])
+def test_other_widths(width, max_burst):
+    """Every power-of-two width from 16 to 1024 bits, short and long bursts, same checks."""
+    rng = seeded_rng(f"dma-width-{width}", 9)
+    bench = Bench(width, max_burst, rng, region=1 << 14)
+    bench.run(random_commands(rng, width // 8, bench.region, 5000, max_len=5000),
+              random_commands(rng, width // 8, bench.region, 5000, max_len=5000), p_error=0.05)
+    bench.check()
+
+
 @pytest.mark.parametrize("seed", run_seeds([7]))
 @pytest.mark.parametrize("width", [64, 512])
 def test_backpressured_output_small_buffer(width, seed):
@@ -500,6 +510,19 @@ def test_line_rate_and_latency(width):
         k += len(expected_bursts(a, n, nb, 256))
         lasts.append(b_edges[k - 1])
     assert [e for e, _ in bench.watch.pulses] == [e + 1 for e in lasts]
+
+
+@pytest.mark.parametrize("width", [64, 512])
+def test_zero_length_latency(width):
+    """Zero-length commands alone: no bus traffic, the writer's ``done`` and the reader's
+    empty beat 4 cycles after the command transfer."""
+    rng = seeded_rng(f"dma-zero-{width}", 8)
+    bench = Bench(width, 256, rng, region=1 << 14)
+    bench.run([(100, 0)], [(200, 0)], p_ready=1.0, p_valid=1.0, p_src=1.0, p_sink=1.0)
+    bench.check()
+    assert not (bench.slave.aw_log or bench.slave.ar_log or bench.slave.w_edges)
+    assert bench.watch.pulses[0][0] - bench.wcmd_src.transfers[0].cycle == 4
+    assert bench.sink.frames[0].cycles[0] - bench.rcmd_src.transfers[0].cycle == 4
 
 
 @pytest.mark.parametrize("latency", [2, 10])
