@@ -183,6 +183,7 @@ class RcTransport(wiring.Component):
             "npsn": 24, "una": 24, "retry_left": 3, "rnr_left": 3,
             "err": 1, "rnr_wait": 1, "queued": 1,
             "rq_head": R, "rq_tail": R, "rq_off": 32,
+            "lost_rd": 1,   # rewound for a READ whose responses were lost; cleared by progress
             "nak_sent": 1, "in_msg": _InMsg, "wcur": 64, "wrem": 32, "wlen": 32, "ack_cnt": 8,
         })
 
@@ -605,8 +606,7 @@ class RcTransport(wiring.Component):
         ack_none = Signal()
         m.d.comb += ack_none.eq(~(resp_is_ack & (syn[5:8] == 0)) & (p_una == 0))
         resp_valid = Signal()
-        m.d.comb += resp_valid.eq(Mux(resp_is_ack & (syn[5:8] != 0), p_una <= outstanding,
-                                      p_una < outstanding))
+        m.d.comb += resp_valid.eq(p_una < outstanding)
         wl_una = Signal(24)         # w_last - una
         m.d.comb += wl_una.eq(w_last - s.una)
 
@@ -703,7 +703,7 @@ class RcTransport(wiring.Component):
                                 ns.sq_head.eq(0), ns.sq_tail.eq(0), ns.sq_cur.eq(0),
                                 ns.cur_off.eq(0), ns.npsn.eq(wctx.sq_psn), ns.una.eq(wctx.sq_psn),
                                 ns.retry_left.eq(wctx.retry_cnt), ns.rnr_left.eq(wctx.rnr_retry),
-                                ns.err.eq(0), ns.rnr_wait.eq(0),
+                                ns.err.eq(0), ns.rnr_wait.eq(0), ns.lost_rd.eq(0),
                                 *disarm_timer(1),
                             ]
                         with m.If(msk[QP_CONTEXT.index["epsn"]] | reset):
@@ -800,13 +800,15 @@ class RcTransport(wiring.Component):
                 unsent = Signal()
                 m.d.comb += unsent.eq(~sent_any | (s.sq_tail == s.sq_head))
                 covered = Signal()
-                m.d.comb += covered.eq(~ack_none & ~unsent & (wl_una <= walk_span))
+                # walk_span's top bit set: una has passed walk_to, nothing more is covered
+                m.d.comb += covered.eq(~ack_none & ~unsent & ~walk_span[23] & (wl_una <= walk_span))
                 is_rd = Signal()
                 m.d.comb += is_rd.eq(w.opcode == WrOpcode.RDMA_READ)
                 with m.If(covered & is_rd):
                     # An ACK/NAK past a READ whose responses are missing: they were lost, resend
-                    # from una. A READ response past it: out of sequence, dropped.
-                    m.d.sync += after.eq(Mux(op == O.ACKNOWLEDGE, A_LOSTREAD, A_NONE))
+                    # from una (once until progress: later ACKs in flight say the same). A READ
+                    # response past it: out of sequence, dropped.
+                    m.d.sync += after.eq(Mux((op == O.ACKNOWLEDGE) & ~s.lost_rd, A_LOSTREAD, A_NONE))
                     m.next = "AFTER_RX"
                 with m.Elif(covered):
                     with m.If(pdq.w_rdy):
@@ -1135,12 +1137,15 @@ class RcTransport(wiring.Component):
             # a walk that completed WQEs is progress: the retry budget starts afresh
             eff_retry = Signal(3)
             m.d.comb += eff_retry.eq(Mux(s.una != v.una0, c.retry_cnt, s.retry_left))
+            eff_rnr = Signal(3)
+            m.d.comb += eff_rnr.eq(Mux(s.una != v.una0, c.rnr_retry, s.rnr_left))
             with m.Switch(v.after):
                 with m.Case(v.A_ACK):
                     m.d.comb += csr.rx_acks_inc.eq(1)
                 with m.Case(v.A_SEQ, v.A_LOSTREAD):
                     with m.If(at_una | (v.after == v.A_LOSTREAD)):
-                        m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0)]
+                        m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0),
+                                     ns.lost_rd.eq(v.after == v.A_LOSTREAD)]
                         with m.If(eff_retry == 0):
                             m.d.sync += [v.fatal_status.eq(WcStatus.RETRY_EXC_ERR),
                                          v.after.eq(v.A_FATAL)]
@@ -1152,7 +1157,7 @@ class RcTransport(wiring.Component):
                 with m.Case(v.A_RNR):
                     with m.If(at_una):
                         m.d.comb += csr.rx_acks_inc.eq(1)
-                        with m.If((s.rnr_left == 0) & (c.rnr_retry != 7)):
+                        with m.If((eff_rnr == 0) & (c.rnr_retry != 7)):
                             m.d.comb += done.eq(0)
                             m.d.sync += [v.fatal_status.eq(WcStatus.RNR_RETRY_EXC_ERR),
                                          v.after.eq(v.A_FATAL)]
@@ -1163,7 +1168,7 @@ class RcTransport(wiring.Component):
                                     with m.Case(code):
                                         m.d.comb += ticks.eq(n)
                             m.d.comb += [
-                                ns.rnr_left.eq(Mux(c.rnr_retry == 7, s.rnr_left, s.rnr_left - 1)),
+                                ns.rnr_left.eq(Mux(c.rnr_retry == 7, eff_rnr, eff_rnr - 1)),
                                 ns.rnr_wait.eq(1),
                                 v.tmr_wr.en.eq(1), v.tmr_wr.addr.eq(v.qp),
                                 v.tmr_wr.data.armed.eq(1), v.tmr_wr.data.rnr.eq(1),
@@ -1181,12 +1186,16 @@ class RcTransport(wiring.Component):
                     m.d.comb += rem.eq(w.length - off)
                     lastpkt = Signal()
                     m.d.comb += lastpkt.eq(rem <= v.mtu)
-                    want = Signal(8)
-                    m.d.comb += want.eq(Mux(off == 0, Mux(lastpkt, O.READ_RESP_ONLY, O.READ_RESP_FIRST),
-                                            Mux(lastpkt, O.READ_RESP_LAST, O.READ_RESP_MIDDLE)))
+                    # Position: the last bytes come as LAST/ONLY, others as FIRST/MIDDLE, the
+                    # first byte as FIRST/ONLY; after a re-request from the middle of a READ the
+                    # responder starts over with FIRST/ONLY, so those are accepted anywhere.
+                    pos_ok = Signal()
+                    starts = (op == O.READ_RESP_FIRST) | (op == O.READ_RESP_ONLY)
+                    ends = (op == O.READ_RESP_LAST) | (op == O.READ_RESP_ONLY)
+                    m.d.comb += pos_ok.eq((ends == lastpkt) & ((off != 0) | starts))
                     ok = Signal()
                     m.d.comb += ok.eq(at_una & (w.opcode == WrOpcode.RDMA_READ) & v.sent_any
-                                      & (s.sq_tail != s.sq_head) & (op == want)
+                                      & (s.sq_tail != s.sq_head) & pos_ok
                                       & (plen == Mux(lastpkt, rem, v.mtu)))
                     with m.If(ok):
                         m.d.comb += [
@@ -1210,7 +1219,7 @@ class RcTransport(wiring.Component):
                 # progress: counters refreshed, timer re-armed (or disarmed when idle), and the
                 # QP scheduled if the window opened on pending work
                 with m.If(moved):
-                    m.d.comb += ns.retry_left.eq(c.retry_cnt)
+                    m.d.comb += [ns.retry_left.eq(c.retry_cnt), ns.lost_rd.eq(0)]
                     with m.If(v.after != v.A_RNR):
                         m.d.comb += ns.rnr_left.eq(c.rnr_retry)
                         with m.If(ns.una == s.npsn):
