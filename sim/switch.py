@@ -426,8 +426,11 @@ class LinkModel:
         """A frame (bytes) whose last beat was taken at edge ``cycle``. Returns the new
         :class:`_Hold` when the frame is held back for reordering, else None."""
         cfg, c = self.config, self.counters
+        # Five uniforms and a seed for everything else (jitter, bit to flip, hold depth), drawn
+        # for every frame: whatever happens to one frame, the next draws the same numbers.
         r_drop, r_corrupt, r_ecn, r_dup, r_reorder = (self.rng.random() for _ in range(5))
-        jitter = self.rng.randint(0, cfg.jitter) if cfg.jitter else 0
+        aux = random.Random(self.rng.getrandbits(64))
+        jitter = aux.randint(0, cfg.jitter)
         seq = c.frames_in
         c.frames_in += 1
         c.bytes_in += len(frame)
@@ -451,7 +454,7 @@ class LinkModel:
         actions = []
         data = frame
         if r_corrupt < cfg.corrupt and info.roce:
-            data, byte, bit = flip_icrc_bit(data, self.rng, info)
+            data, byte, bit = flip_icrc_bit(data, aux, info)
             rec.corrupt_at = (byte, bit)
             c.corrupted += 1
             actions.append("corrupt")
@@ -474,21 +477,23 @@ class LinkModel:
             self._log(copy)
             entries.append(_Entry(data, ready, copy))
         if r_reorder < cfg.reorder:
-            k = self.rng.randint(1, cfg.reorder_depth)
-            hold = _Hold(entries, k, cycle + cfg.reorder_timeout)
+            hold = _Hold(entries, aux.randint(1, cfg.reorder_depth), cycle + cfg.reorder_timeout)
             self.held.append(hold)
             return hold
-        self._enqueue(entries)
-        # A frame that went in counts for every frame held before it.
-        for hold in list(self.held):
-            hold.passed += 1
-            hold.remaining -= 1
-            if hold.remaining == 0:
-                self._release(hold, cycle)
+        self._enqueue(entries, cycle)
         return None
 
-    def _enqueue(self, entries):
+    def _enqueue(self, entries, cycle):
+        """Queue one frame (its copies); it overtakes every frame held since before it arrived,
+        and those it was the last one to wait for go in right behind it (and overtake in turn)."""
         self.fifo.extend(entries)
+        seq = entries[0].record.seq
+        for hold in list(self.held):
+            if hold.entries[0].record.seq < seq and hold in self.held:
+                hold.passed += 1
+                hold.remaining -= 1
+                if hold.remaining == 0:
+                    self._release(hold, cycle)
 
     def _release(self, hold, cycle):
         self.held.remove(hold)
@@ -498,12 +503,13 @@ class LinkModel:
             e.record.action = tag if e.record.action == "pass" else f"{e.record.action}+{tag}"
         if hold.passed:
             self.counters.reordered += len(hold.entries)
-        self._enqueue(hold.entries)
+        self._enqueue(hold.entries, cycle)
 
     def expire(self, cycle):
         """Release the held frames whose ``reorder_timeout`` ends at or before ``cycle``."""
         for hold in [h for h in self.held if h.deadline <= cycle]:
-            self._release(hold, cycle)
+            if hold in self.held:
+                self._release(hold, cycle)
 
     def queue_delay(self, ready) -> Fraction:
         """Cycles a frame ready at edge ``ready`` would wait for the wire behind the queue."""

@@ -46,7 +46,7 @@ from scapy.layers.l2 import Ether
 from . import packets
 from .hostmem import RecordingAxiRam
 from .switch import LinkConfig, Switch
-from .tb import TB, pause_generator
+from .tb import TB, pause_generator, tb_param
 
 SIDES = ("a", "b")
 
@@ -169,6 +169,7 @@ class SwitchTB(TB):
         super().__init__(dut)
         self.width = len(dut.a_s_axis_in_tdata)
         self.nbytes = self.width // 8
+        self.fifo_beats = tb_param("fifo_beats")
         self.inputs, self.outputs = {}, {}
         for x in SIDES:
             getattr(dut, f"{x}_hold").value = 0
@@ -207,15 +208,21 @@ class SwitchTB(TB):
     async def burst(self, side, frames):
         """Queue ``frames`` in the DUT's TX FIFO, release them back to back, and return once
         the last one left ``{side}_m_axis_tx``."""
+        beats = sum(-(-len(f) // self.nbytes) for f in frames)
+        if beats > self.fifo_beats:
+            raise ValueError(f"a burst of {beats} beats does not fit the {self.fifo_beats}-beat FIFO")
         hold = getattr(self.dut, f"{side}_hold")
         hold.value = 1
         before = len(self.mon_tx[side].frames)
         await self.send(side, frames)
-        await self.inputs[side].wait()
+        await with_timeout(self.inputs[side].wait(), 100, "us")
         await self.cycles(8)
         hold.value = 0
-        while len(self.mon_tx[side].frames) < before + len(frames):
+        for _ in range(10 * beats + 100):
+            if len(self.mon_tx[side].frames) == before + len(frames):
+                return
             await RisingEdge(self.dut.clk)
+        raise TimeoutError("the burst did not leave the TX FIFO")
 
     async def collect(self, side, count, timeout_us=200):
         """``count`` frames from ``{side}_m_axis_out``, then anything more within 2 us."""
@@ -306,12 +313,12 @@ async def wire_timing(dut):
     assert [r.cycle_in for r in hist] == arrivals and [r.cycle_out for r in hist] == departs
     # Not vacuous: most of the burst queued behind the wire (fractional wire times), the sparse
     # frames met an idle wire, and at 512 bits short frames waited for the stream.
-    queued = why.count("wire")
+    # (At 512 bits the stream, whole beats per frame, is slower than the wire for most lengths.)
+    queued = len(why) - why.count("arrival")
     idle = sum(1 for a, d in zip(arrivals, departs, strict=True) if d == a + delay)
-    assert queued >= 25 and idle >= 12, (queued, idle)
+    assert queued >= 30 and idle >= 12, (queued, idle)
     assert any(Fraction(len(f) + 24, B).denominator > 1 for f in burst)
-    if B == 64:
-        assert why.count("stream") >= 5, why
+    assert why.count("wire") >= (25 if B == 8 else 2) and why.count("stream") >= (0 if B == 8 else 5), why
     assert link.wire_busy_cycles == sum(Fraction(len(f) + 24, B) for f in frames)
     c = link.counters
     assert (c.frames_in, c.frames_out, c.bytes_in, c.bytes_out) == (
@@ -328,7 +335,8 @@ async def wire_timing(dut):
              for t, r in zip(tb.mon_tx["a"].frames[-16:], tb.mon_rx["b"].frames[-16:], strict=True)]
     assert all(delay <= w <= delay + 9 for w in waits), waits
     assert len(set(waits)) >= 3, f"jitter drew too few distinct delays: {waits}"
-    tb.log.info("wire timing: %d queued, %d idle departures; jitter waits %s", queued, idle, waits)
+    tb.log.info("wire timing: %d queued, %d idle departures, starts set by %s; jitter waits %s",
+                queued, idle, {k: why.count(k) for k in set(why)}, waits)
     tb.log.info("\n%s", tb.switch.summary(tb.switch.ab.timebase.cycle()))
 
 
@@ -479,16 +487,17 @@ async def backpressure(dut):
     stall_rng = random.Random(cocotb.RANDOM_SEED + 1)
 
     async def stall():
-        while True:
+        # Stalls while the first half of the burst goes through; the rest drains at wire rate
+        # behind the lateness the stalls left.
+        while len(tb.mon_rx["b"].frames) < 20:
             await RisingEdge(dut.clk)
             dut.b_rx_stall.value = int(stall_rng.random() < 0.3)
+        dut.b_rx_stall.value = 0
 
-    stall_task = cocotb.start_soon(stall())
+    cocotb.start_soon(stall())
     frames = [tagged_frame(rng, i, length=rng.choice([10, 30, 100, 300])) for i in range(40)]
     await tb.burst("a", frames)
     await tb.switch.wait_idle()
-    stall_task.cancel()
-    dut.b_rx_stall.value = 0
     got = await tb.collect("b", len(frames))
     assert got == frames
     tx, rx = tb.mon_tx["a"].frames, tb.mon_rx["b"].frames

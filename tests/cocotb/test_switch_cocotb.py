@@ -81,8 +81,12 @@ class SwitchLoop(wiring.Component):
         return m
 
 
+# Beats per FIFO: 32 KiB, a burst of a few dozen frames of up to ~400 bytes at either width.
+FIFO_BEATS = {64: 4096, 512: 512}
+
+
 def verilog_top(width=64):
-    return FlatPorts(SwitchLoop(width, depth=1024 if width == 64 else 256))
+    return FlatPorts(SwitchLoop(width, depth=FIFO_BEATS[width]))
 
 
 @functools.cache
@@ -99,4 +103,4 @@ def test_switch(width, testcase):
     params = {"width": width}
     run_cocotb(toplevel=TOP, verilog_sources=[verilog_for(width)],
                test_module="stellar.sim.tb_switch", params_slug=param_slug(params),
-               testcase=testcase, extra_env=tb_env(params))
+               testcase=testcase, extra_env=tb_env({**params, "fifo_beats": FIFO_BEATS[width]}))
