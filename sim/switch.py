@@ -429,8 +429,9 @@ class LinkModel:
         # Five uniforms and a seed for everything else (jitter, bit to flip, hold depth), drawn
         # for every frame: whatever happens to one frame, the next draws the same numbers.
         r_drop, r_corrupt, r_ecn, r_dup, r_reorder = (self.rng.random() for _ in range(5))
-        aux = random.Random(self.rng.getrandbits(64))
-        jitter = aux.randint(0, cfg.jitter)
+        aux_seed = self.rng.getrandbits(64)
+        aux = random.Random(aux_seed) if cfg.jitter or cfg.corrupt or cfg.reorder else None
+        jitter = aux.randint(0, cfg.jitter) if cfg.jitter else 0
         seq = c.frames_in
         c.frames_in += 1
         c.bytes_in += len(frame)
