@@ -19,8 +19,9 @@ to the other core (an ``AxiStreamSource``) at wire rate::
 Impairments, drawn per frame from one ``random.Random`` per link (seeded from
 ``LinkConfig.seed``, else from cocotb's seed and the link name; the seed is logged), in this
 order: cut (``cut()``/``restore()``), drop, corrupt, ECN mark, duplicate, reorder, jitter. Every
-frame draws the same five uniform numbers whatever the probabilities, so two runs with one seed
-that differ only in one probability impair the other frames identically.
+frame draws the same numbers from the link's stream whatever the probabilities (five uniforms and
+the seed of a per-frame generator for the jitter, the bit to flip and the hold depth), so two
+runs with one seed that differ only in one probability impair the other frames identically.
 
 * ``corrupt`` flips one random bit of a RoCEv2 frame between the start of the BTH and the end of
   the ICRC, never in the BTH byte the ICRC masks (FECN/BECN/resv6): the receiver must drop the
@@ -32,7 +33,8 @@ that differ only in one probability impair the other frames identically.
   frame that would wait behind more than that many bytes of queue, as a RED/DCQCN switch does.
 * ``duplicate`` sends the frame twice, back to back.
 * ``reorder`` holds the frame back until ``k`` later frames (``k`` uniform in
-  1..``reorder_depth``) went ahead of it, or ``reorder_timeout`` cycles passed.
+  1..``reorder_depth``) went ahead of it, or ``reorder_timeout`` cycles passed; the history
+  names how many did (``reorder<n>``, or ``held`` when none came).
 * ``delay`` + uniform 0..``jitter`` cycles: the frame may not leave before that.
 
 Timing. Cycles are numbered by rising edge of ``clock`` (:class:`ClockTimebase`: edge ``k`` is at
