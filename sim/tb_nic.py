@@ -13,7 +13,7 @@ direction), ``max_len``; ``pmtu``.
 import random
 
 import cocotb
-from cocotb.triggers import ClockCycles, with_timeout
+from cocotb.triggers import ClockCycles, SimTimeoutError, with_timeout
 
 from stellar.hdl.flow.fields import PathMtu, QpState
 
@@ -49,11 +49,13 @@ class Harness(TB):
         self.expected = {"a": 0, "b": 0}
         self.cqes = {"a": [], "b": []}
 
-    async def start(self, pairs, cfg, *, tick_cycles=None):
+    async def start(self, pairs, cfg, *, tick_cycles=None, window=None):
         await self.reset()
         self.switch.start()
         for nic in self.nic.values():
             await nic.setup(tick_cycles=tick_cycles)
+            if window is not None:
+                await nic.write_reg("transport.window", window)
         for i in range(1, pairs + 1):
             psn = {"a": self.rng.randrange(1 << 24), "b": self.rng.randrange(1 << 24)}
             for side, peer in (("a", "b"), ("b", "a")):
@@ -128,7 +130,17 @@ class Harness(TB):
                 self.cqes[s].append(c)
                 self.sb.completion(s, c)
         for s in ("a", "b"):
-            await with_timeout(side(s), timeout_cycles * self.period_ns, "ns")
+            try:
+                await with_timeout(side(s), timeout_cycles * self.period_ns, "ns")
+            except SimTimeoutError:
+                await self.report()
+                for q in ("a", "b"):
+                    for i in self.pairs:
+                        self.log.info("NIC %s QP %d context: %s", q, i,
+                                      await self.nic[q].tables.read_qp(i))
+                raise AssertionError(
+                    f"NIC {s}: {len(self.cqes[s])} of {self.expected[s]} completions after "
+                    f"{timeout_cycles} cycles; last: {self.cqes[s][-3:]}") from None
 
     async def report(self):
         for s in ("a", "b"):
@@ -149,9 +161,11 @@ async def rc_traffic(dut):
     pairs = tb_param("pairs", int, 2)
     messages = tb_param("messages", int, 12)
     max_len = tb_param("max_len", int, 6000)
-    cfg = QpConfig(pmtu=PathMtu(tb_param("pmtu", int, int(PathMtu.MTU_1024))), timeout=1)
+    # The timer tick is scaled down (256 cycles instead of 4.096 us = 1024) to keep simulated
+    # time short; timeout 5 (33 ticks) still covers draining three windows of 16 packets.
+    cfg = QpConfig(pmtu=PathMtu(tb_param("pmtu", int, int(PathMtu.MTU_1024))), timeout=5)
     h = Harness(dut, link=_link_from_params())
-    await h.start(pairs, cfg, tick_cycles=tb_param("tick", int, 256))
+    await h.start(pairs, cfg, tick_cycles=tb_param("tick", int, 256), window=16)
     for _ in range(messages):
         for qp in h.pairs:
             for side in ("a", "b"):

@@ -181,6 +181,7 @@ class RcTransport(wiring.Component):
         return data.StructLayout({
             "sq_head": S, "sq_tail": S, "sq_cur": S, "cur_off": 32,
             "npsn": 24, "una": 24, "retry_left": 3, "rnr_left": 3,
+            "hpsn": 24,     # one past the highest PSN ever sent: ACKs up to it are valid
             "err": 1, "rnr_wait": 1, "queued": 1,
             "rq_head": R, "rq_tail": R, "rq_off": 32,
             "lost_rd": 1,   # rewound for a READ whose responses were lost; cleared by progress
@@ -192,6 +193,7 @@ class RcTransport(wiring.Component):
         return data.StructLayout({
             "opcode": 4, "signaled": 1, "inline": 1, "wr_id": 64, "laddr": 64, "length": 32,
             "raddr": 64, "rkey": 32, "imm": 32, "first_psn": 24,
+            "sent": 1,      # first_psn is valid (the WQE's first packet has been sent)
         })
 
     @staticmethod
@@ -325,40 +327,41 @@ class RcTransport(wiring.Component):
             m.d.sync += cmd_sent.eq(0)
 
         # ------------------------------------------------------------ pdq release and dispatch
-        m.submodules.ackq = ackq = SyncFIFOBuffered(width=tx_desc_layout(IB).size, depth=4)
+        # Responses (ACK/NAKs and READ jobs) share one queue: an ACK must never overtake the
+        # READ responses of an earlier READ (the requester would take it for their loss).
         m.submodules.jobq = jobq = SyncFIFOBuffered(width=pd_l.size, depth=8)
         pd = Signal(pd_l)
         m.d.comb += pd.eq(pdq.r_data)
         released = Signal()
         m.d.comb += released.eq(pdq.r_rdy & ((wdone - pd.wtag)[15] == 0))
         tx_ok = Signal()
-        m.d.comb += tx_ok.eq(~pd.has_tx | Mux(pd.is_read, jobq.w_rdy, ackq.w_rdy))
+        m.d.comb += tx_ok.eq(~pd.has_tx | jobq.w_rdy)
         cq_ok = Signal()
         m.d.comb += cq_ok.eq(~pd.has_cqe | self.cq.ready)
         go = Signal()
         m.d.comb += go.eq(released & tx_ok & cq_ok)
-        ack_desc = Signal(tx_desc_layout(IB))
         m.d.comb += [
-            ack_desc.qp.eq(pd.qp),
-            ack_desc.opcode.eq(O.ACKNOWLEDGE),
-            ack_desc.psn.eq(pd.psn),
-            ack_desc.syndrome.eq(pd.syndrome),
-            ack_desc.msn.eq(pd.msn),
-            ack_desc.src.eq(PayloadSrc.NONE),
             pdq.r_en.eq(go),
-            ackq.w_en.eq(go & pd.has_tx & ~pd.is_read),
-            ackq.w_data.eq(ack_desc),
-            jobq.w_en.eq(go & pd.has_tx & pd.is_read),
+            jobq.w_en.eq(go & pd.has_tx),
             jobq.w_data.eq(pd),
             self.cq.valid.eq(released & pd.has_cqe & tx_ok),
             self.cq.payload.eq(pd.cqe),
-            csr.tx_acks_inc.eq(go & pd.has_tx & ~pd.is_read & (pd.syndrome[5:8] == 0)),
             csr.completions_inc.eq(go & pd.has_cqe),
         ]
 
-        # ------------------------------------------------------------ READ response expander
+        # ------------------------------------------------------------ response expander
+        # An ACK/NAK job is one packet; a READ job becomes its READ response packets.
         job = Signal(pd_l)
         m.d.comb += job.eq(jobq.r_data)
+        ack_desc = Signal(tx_desc_layout(IB))
+        m.d.comb += [
+            ack_desc.qp.eq(job.qp),
+            ack_desc.opcode.eq(O.ACKNOWLEDGE),
+            ack_desc.psn.eq(job.psn),
+            ack_desc.syndrome.eq(job.syndrome),
+            ack_desc.msn.eq(job.msn),
+            ack_desc.src.eq(PayloadSrc.NONE),
+        ]
         r_off = Signal(32)
         rr_desc = Signal(tx_desc_layout(IB))
         r_mtu = Signal(14)
@@ -388,11 +391,11 @@ class RcTransport(wiring.Component):
         ]
 
         # ------------------------------------------------------------ TX arbitration
-        # ACK/NAKs first (small, and they unblock the peer), then READ responses, then requests.
+        # Responses first (they unblock the peer), then requests.
         tx = self.tx
         rr_take = Signal()
-        with m.If(ackq.r_rdy):
-            m.d.comb += [tx.valid.eq(1), tx.payload.eq(ackq.r_data), ackq.r_en.eq(tx.ready)]
+        with m.If(jobq.r_rdy & ~job.is_read):
+            m.d.comb += [tx.valid.eq(1), tx.payload.eq(ack_desc), jobq.r_en.eq(tx.ready)]
         with m.Elif(jobq.r_rdy):
             m.d.comb += [tx.valid.eq(1), tx.payload.eq(rr_desc), rr_take.eq(tx.ready)]
         with m.Elif(txq.r_rdy):
@@ -404,6 +407,8 @@ class RcTransport(wiring.Component):
             with m.Else():
                 m.d.sync += [r_off.eq(r_off + r_mtu), r_psn.eq(r_psn + 1)]
         m.d.comb += csr.tx_read_responses_inc.eq(rr_take)
+        m.d.comb += csr.tx_acks_inc.eq(jobq.r_rdy & ~job.is_read & tx.ready
+                                       & (job.syndrome[5:8] == 0))
 
         # ------------------------------------------------------------ the event machine
         ev = Signal(_Ev)
@@ -480,8 +485,10 @@ class RcTransport(wiring.Component):
         m.d.comb += outstanding.eq(s.npsn - s.una)
         sq_used = Signal(SQB + 1)
         m.d.comb += sq_used.eq(s.sq_head - s.sq_tail)
-        sent_any = Signal()   # the tail WQE has had packets sent
-        m.d.comb += sent_any.eq((s.sq_tail != s.sq_cur) | (s.cur_off != 0))
+        sent_any = Signal()   # the WQE at hand has had packets sent
+        m.d.comb += sent_any.eq(w.sent)
+        sent_span = Signal(24)    # PSNs sent and not acknowledged, counting those a rewind
+        m.d.comb += sent_span.eq(s.hpsn - s.una)     # will send again
 
         def arm_timer(fire):
             """Timer write: (re)arm to now + 2**timeout + 1 ticks (timeout 0: disarm)."""
@@ -606,7 +613,7 @@ class RcTransport(wiring.Component):
         ack_none = Signal()
         m.d.comb += ack_none.eq(~(resp_is_ack & (syn[5:8] == 0)) & (p_una == 0))
         resp_valid = Signal()
-        m.d.comb += resp_valid.eq(p_una < outstanding)
+        m.d.comb += resp_valid.eq(p_una < sent_span)
         wl_una = Signal(24)         # w_last - una
         m.d.comb += wl_una.eq(w_last - s.una)
 
@@ -702,6 +709,7 @@ class RcTransport(wiring.Component):
                             m.d.comb += [
                                 ns.sq_head.eq(0), ns.sq_tail.eq(0), ns.sq_cur.eq(0),
                                 ns.cur_off.eq(0), ns.npsn.eq(wctx.sq_psn), ns.una.eq(wctx.sq_psn),
+                                ns.hpsn.eq(wctx.sq_psn),
                                 ns.retry_left.eq(wctx.retry_cnt), ns.rnr_left.eq(wctx.rnr_retry),
                                 ns.err.eq(0), ns.rnr_wait.eq(0), ns.lost_rd.eq(0),
                                 *disarm_timer(1),
@@ -816,11 +824,14 @@ class RcTransport(wiring.Component):
                                      pde.has_cqe.eq(1), *cqe_for_wqe(pde.cqe, w, WcStatus.SUCCESS),
                                      sq_slot.eq(s.sq_tail + 1)]
                         m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), s.una.eq(w_last + 1)]
+                        with m.If(s.sq_cur == s.sq_tail):
+                            # acknowledged beyond a rewound send pointer: skip what needs no resend
+                            m.d.sync += [s.sq_cur.eq(s.sq_tail + 1), s.cur_off.eq(0)]
                         m.next = "WALK_LD"
                 with m.Else():
                     # The response ends inside this WQE (or nothing is left to complete).
                     with m.If(~ack_none & ~unsent & ~is_rd & (op == O.ACKNOWLEDGE)
-                              & (walk_span < outstanding)):
+                              & (walk_span < sent_span)):
                         m.d.sync += s.una.eq(walk_to + 1)
                     with m.If(op == O.ACKNOWLEDGE):
                         with m.Switch(syn[5:8]):
@@ -1071,13 +1082,18 @@ class RcTransport(wiring.Component):
             ]
             with m.If(f):
                 wq = Signal(v.wqe_l)
-                m.d.comb += [wq.eq(w), wq.first_psn.eq(s.npsn),
+                m.d.comb += [wq.eq(w), wq.first_psn.eq(s.npsn), wq.sent.eq(1),
                              v.sq_wr.en.eq(1), v.sq_wr.addr.eq(Cat(s.sq_cur[:v.SQB], v.qp)),
                              v.sq_wr.data.eq(wq)]
             with m.If(~t.armed):
                 m.d.comb += v.arm_timer(1)
+            new_npsn = Signal(24)
+            m.d.comb += new_npsn.eq(s.npsn + consumed)
+            with m.If((new_npsn - s.hpsn)[:24] != 0):
+                with m.If(~(new_npsn - s.hpsn)[23]):
+                    m.d.comb += ns.hpsn.eq(new_npsn)
             m.d.comb += [
-                ns.npsn.eq(s.npsn + consumed),
+                ns.npsn.eq(new_npsn),
                 ns.cur_off.eq(Mux(lst, 0, off + v.mtu)),
                 ns.sq_cur.eq(Mux(lst, s.sq_cur + 1, s.sq_cur)),
             ]
@@ -1226,8 +1242,17 @@ class RcTransport(wiring.Component):
                             m.d.comb += v.disarm_timer(1)
                         with m.Else():
                             m.d.comb += v.arm_timer(1)
+                ahead_np = Signal(24)
+                m.d.comb += ahead_np.eq(ns.una - s.npsn)
+                with m.If((ahead_np != 0) & ~ahead_np[23]):
+                    # acknowledged past the send pointer (ACKs of packets sent before a rewind)
+                    m.d.comb += [
+                        ns.npsn.eq(ns.una), ns.sq_cur.eq(ns.sq_tail),
+                        ns.cur_off.eq(Mux(w.sent & (ns.sq_tail == s.sq_tail),
+                                          ((ns.una - w.first_psn)[:24] << v.mtu_shift)[:32], 0)),
+                    ]
                 work = Signal()
-                m.d.comb += work.eq((s.sq_cur != s.sq_head) & ~ns.rnr_wait)
+                m.d.comb += work.eq((ns.sq_cur != s.sq_head) & ~ns.rnr_wait)
                 with m.If(work & ~s.queued):
                     m.d.comb += [ns.queued.eq(1), v.sched_push.eq(1)]
                 m.d.comb += v.write_state(ns)
