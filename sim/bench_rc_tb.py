@@ -20,14 +20,13 @@ import os
 
 import cocotb
 from cocotb.triggers import RisingEdge
-
 from stellar.hdl.flow.fields import PathMtu
 
 from .nic import QpConfig
 from .switch import LinkConfig
 from .tb import tb_param
 from .tb_nic import Harness
-from .verbs import WcStatus, WrOpcode
+from .verbs import WcStatus, WorkRequest, WrOpcode
 
 MTU = 4096
 WIRE_OVERHEAD = 24           # preamble + SFD 8, FCS 4, IFG 12
@@ -48,10 +47,10 @@ async def _stream(h, total, msg, *, depth=12):
     count = total // msg
     while done < count:
         while posted < count and posted - done < depth:
-            wr, _ = h.random_wr("a", 1, msg, ops=(WrOpcode.RDMA_WRITE,))
-            wr.length = msg
-            wr.laddr = 1 << 18                                  # QP 1's source area
-            wr.raddr = (2 << 20) + (posted * msg) % (1 << 21)   # B's upper 2 MiB
+            wr = WorkRequest(qp=1, wr_id=posted, opcode=WrOpcode.RDMA_WRITE, length=msg,
+                             laddr=1 << 18,                              # QP 1's source area
+                             raddr=(2 << 20) + (posted * msg) % (1 << 21),  # B's upper 2 MiB
+                             rkey=h.nic["b"].rkey)
             await h.nic["a"].post_send(wr)
             posted += 1
         c = await h.nic["a"].poll()
@@ -126,9 +125,9 @@ async def bench(dut):
                 if "rx" in first and dut.b_m_axi_wvalid.value and dut.b_m_axi_wready.value:
                     first["dma"] = k
         mon = cocotb.start_soon(watch())
-        wr, _ = h.random_wr("a", 1, MTU, ops=(WrOpcode.RDMA_WRITE,))
-        wr.length = MTU
-        await h.nic["a"].post_send(wr)
+        await h.nic["a"].post_send(WorkRequest(qp=1, wr_id=1, opcode=WrOpcode.RDMA_WRITE,
+                                               length=MTU, laddr=1 << 18, raddr=2 << 20,
+                                               rkey=h.nic["b"].rkey))
         c = await h.nic["a"].poll()
         assert c.status == WcStatus.SUCCESS, c
         await mon

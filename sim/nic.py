@@ -13,9 +13,15 @@ import logging
 import random
 from dataclasses import dataclass
 
-from cocotbext.axi import (AxiBus, AxiLiteBus, AxiLiteMaster, AxiStreamBus, AxiStreamFrame,
-                           AxiStreamSink, AxiStreamSource)
-
+from cocotbext.axi import (
+    AxiBus,
+    AxiLiteBus,
+    AxiLiteMaster,
+    AxiStreamBus,
+    AxiStreamFrame,
+    AxiStreamSink,
+    AxiStreamSource,
+)
 from stellar.hdl.flow.fields import Access, PathMtu, QpState
 from stellar.hdl.regmap import REGMAP
 from stellar.hdl.transport.formats import COMPLETION, RECV_REQUEST, WORK_REQUEST

@@ -14,7 +14,6 @@ import random
 
 import cocotb
 from cocotb.triggers import ClockCycles, SimTimeoutError, with_timeout
-
 from stellar.hdl.flow.fields import PathMtu, QpState
 
 from .nic import QpConfig, SimNic
@@ -195,11 +194,11 @@ async def retry_exhausted(dut):
     for ln in h.switch.links:
         ln.cut(lambda f: bth_dest_qp(f) in cut)
     t0 = cocotb.utils.get_sim_time("ns")
-    for k in range(3):
+    for _k in range(3):
         wr, _ = h.random_wr("a", 1, 3000, ops=(WrOpcode.RDMA_WRITE,))
         await h.post("a", wr)
     h.sb.expect_error("a", 1, WcStatus.RETRY_EXC_ERR)
-    for k in range(8):
+    for _k in range(8):
         wr, _ = h.random_wr("a", 2, 3000, ops=(WrOpcode.RDMA_WRITE, WrOpcode.RDMA_READ))
         await h.post("a", wr)
     await h.collect(400_000)
