@@ -544,6 +544,8 @@ def mr_block(name="mr", base=0x0400):
         _counter("rx_drop_bounds", 0x48, "Requests dropped: [va, va+length) not inside the region."),
         _counter("rx_drop_access", 0x4C, "Requests dropped: the region does not grant the access "
                  "(remote write, read or atomic)."),
+        _counter("rx_invalidations", 0x50, "MRs invalidated by a received SEND with Invalidate "
+                 "(its rkey's tag, tenant and PD matched the entry)."),
         *_data_window("rdata", 0x80, MR_ENTRY.words, "ro", "Entry (or page) read data"),
     ], feature=FEATURE_MR)
 

@@ -105,7 +105,8 @@ class Harness(TB):
         rkey = self.nic[peer].rkey
         wr = WorkRequest(qp=qp, wr_id=self.wr_id(side, qp), opcode=op, rkey=rkey,
                          imm=self.rng.randrange(1 << 32))
-        if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM) and n <= 32 and self.rng.random() < 0.5:
+        sends = (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.SEND_WITH_INV)
+        if op in sends and n <= 32 and self.rng.random() < 0.5:
             wr.inline = bytes(self.rng.randrange(256) for _ in range(n))
         else:
             wr.length = n
@@ -115,7 +116,7 @@ class Harness(TB):
             wr.raddr = self._take(peer, qp, WDST, n)
         elif op == WrOpcode.RDMA_READ:
             wr.raddr = self._take(peer, qp, SRC, n)
-        if op in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.RDMA_WRITE_WITH_IMM):
+        if op in (*sends, WrOpcode.RDMA_WRITE_WITH_IMM):
             size = n if op == WrOpcode.RDMA_WRITE_WITH_IMM else n + self.rng.choice([0, 0, 5, 100])
             recv = RecvRequest(qp=qp, wr_id=self.wr_id(peer, qp) | (1 << 31),
                                addr=self._take(peer, qp, RBUF, max(size, 1)), length=size)
@@ -225,8 +226,9 @@ async def retry_exhausted(dut):
 @cocotb.test()
 async def remote_errors(dut):
     """A WRITE with a wrong rkey gets NAK remote access -> REM_ACCESS_ERR and a flush; a SEND
-    without a posted receive on a QP with rnr_retry 1 ends in RNR_RETRY_EXC_ERR; a SEND that
-    waits for its receive with rnr_retry 7 completes once the receive is posted."""
+    without a posted receive on a QP with rnr_retry 1 ends in RNR_RETRY_EXC_ERR (after RNR NAKs
+    and waits); a SEND with Invalidate invalidates the receiver's MR, so a later WRITE with that
+    rkey fails with REM_ACCESS_ERR."""
     cfg = QpConfig(timeout=3, rnr_retry=1, min_rnr_timer=1)
     h = Harness(dut, pause=0.05)
     await h.start(3, cfg)
@@ -245,6 +247,20 @@ async def remote_errors(dut):
     h.sb.check()
     for qp in (1, 2):
         assert (await h.nic["a"].tables.read_qp(qp))["state"] == QpState.ERROR
+    # QP 3: SEND with Invalidate naming B's memory region; a WRITE with that rkey afterwards is
+    # refused (NAK remote access error) because B invalidated the region on receipt.
+    wr, recv = h.random_wr("a", 3, 200, ops=(WrOpcode.SEND_WITH_INV,))
+    wr.invalidate_rkey = h.nic["b"].rkey
+    await h.post_recv("b", recv)
+    await h.post("a", wr)
+    await h.collect(50_000)
+    assert await h.nic["b"].read_reg("mr.rx_invalidations") == 1
+    assert h.cqes["b"][-1].invalidated_rkey == h.nic["b"].rkey
+    wr, _ = h.random_wr("a", 3, 500, ops=(WrOpcode.RDMA_WRITE,))
+    h.sb.expect_error("a", 3, WcStatus.REM_ACCESS_ERR)
+    await h.post("a", wr)
+    await h.collect(100_000)
+    h.sb.check()
     await h.report()
 
 

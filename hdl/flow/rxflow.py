@@ -71,9 +71,9 @@ from ..net.parser import Parser, count_rx
 from ..pktfifo import PacketFifo
 from ..regmap import REGMAP, flow_config, mr_config, pktengine_config, qpctx_config
 from .cuckoo import FlowTable
-from .fields import MR_ENTRY, PD_BITS, QP_CONTEXT, TENANT_BITS, Access, MrReason
-from .layouts import qp_context_layout
-from .mr import MrProtection
+from .fields import KEY_TAG_BITS, MR_ENTRY, PD_BITS, QP_CONTEXT, TENANT_BITS, Access, MrReason
+from .layouts import qp_context_layout, struct_layout
+from .mr import MrOp, MrProtection
 from .qpctx import QpContextStore, QpHostOp
 from .vlan import VLAN_ENTRY, VlanTenantMap
 
@@ -186,6 +186,8 @@ class RxFlowPipeline(wiring.Component):
                 "ctx": qp_context_layout()}), always_ready=True)),
             "set_state": In(stream.Signature(data.StructLayout({
                 "index": self.index_bits, "state": 3}))),
+            "mr_invalidate": In(stream.Signature(data.StructLayout({
+                "key": 32, "tenant": TENANT_BITS, "pd": PD_BITS}))),
             "pktengine": Out(block_signature(REGMAP.block("pktengine"))),
             "flow":      Out(block_signature(REGMAP.block("flow"))),
             "qpctx":     Out(block_signature(REGMAP.block("qpctx"))),
@@ -608,15 +610,63 @@ class RxFlowPipeline(wiring.Component):
     def _mr_csr(self, m, mr):
         c = self.mr
         words = MR_ENTRY.words
-        start, busy, error = self._command_slot(m, c.command_stb, 1, mr.cmd, mr.resp.valid)
+        # The MR table's command port serves the CSR command slot and the transport's
+        # invalidations (SEND with Invalidate, IBTA 9.4.1.1.3 / 10.6.7): a read-check-write of
+        # the entry the rkey names, done only if the key's tag, tenant and PD match (a stale or
+        # foreign key invalidates nothing). An invalidation, once started, finishes before the
+        # CSR slot gets the port again.
+        slot = stream.Signature(mr.cmd.payload.shape()).create()
+        csr_op = Signal()
+        done = Signal()
+        m.d.comb += done.eq(mr.resp.valid & csr_op)
+        start, busy, error = self._command_slot(m, c.command_stb, 1, slot, done)
         with m.If(start):
             m.d.sync += [
-                mr.cmd.payload.op.eq(c.command),
-                mr.cmd.payload.index.eq(c.index),
-                mr.cmd.payload.data.eq(self._window(c, "wdata", words)[:MR_ENTRY.width]),
+                slot.payload.op.eq(c.command),
+                slot.payload.index.eq(c.index),
+                slot.payload.data.eq(self._window(c, "wdata", words)[:MR_ENTRY.width]),
             ]
+        inv = self.mr_invalidate
+        entry = Signal(struct_layout(MR_ENTRY))
+        m.d.comb += entry.eq(mr.resp.payload.data)
+        kept = Signal(struct_layout(MR_ENTRY))
+        with m.FSM(name="mr_inv"):
+            with m.State("IDLE"):
+                with m.If(slot.valid):
+                    m.d.comb += [mr.cmd.valid.eq(1), mr.cmd.payload.eq(slot.payload),
+                                 slot.ready.eq(mr.cmd.ready)]
+                    with m.If(mr.cmd.ready):
+                        m.d.sync += csr_op.eq(1)
+                with m.Elif(inv.valid & ~busy):
+                    m.d.comb += [mr.cmd.valid.eq(1), mr.cmd.payload.op.eq(MrOp.READ_ENTRY),
+                                 mr.cmd.payload.index.eq(inv.payload.key[KEY_TAG_BITS:])]
+                    with m.If(mr.cmd.ready):
+                        m.d.sync += csr_op.eq(0)
+                        m.next = "READ"
+            with m.State("READ"):
+                with m.If(mr.resp.valid):
+                    match = Signal()
+                    m.d.comb += match.eq(entry.valid & (entry.tag == inv.payload.key[:KEY_TAG_BITS])
+                                         & (entry.tenant == inv.payload.tenant)
+                                         & (entry.pd == inv.payload.pd))
+                    m.d.sync += [kept.eq(entry), kept.valid.eq(0)]
+                    with m.If(match):
+                        m.next = "WRITE"
+                    with m.Else():
+                        m.d.comb += inv.ready.eq(1)
+                        m.next = "IDLE"
+            with m.State("WRITE"):
+                m.d.comb += [mr.cmd.valid.eq(1), mr.cmd.payload.op.eq(MrOp.WRITE_ENTRY),
+                             mr.cmd.payload.index.eq(inv.payload.key[KEY_TAG_BITS:]),
+                             mr.cmd.payload.data.eq(kept)]
+                with m.If(mr.cmd.ready):
+                    m.next = "WAIT"
+            with m.State("WAIT"):
+                with m.If(mr.resp.valid):
+                    m.d.comb += [inv.ready.eq(1), self.mr.rx_invalidations_inc.eq(1)]
+                    m.next = "IDLE"
         rdata = Signal(32 * words)
-        with m.If(mr.resp.valid):
+        with m.If(done):
             m.d.sync += rdata.eq(mr.resp.payload.data)
         m.d.comb += [
             c.config.eq(mr_config(self.mr_entries, self.mr_pages)),

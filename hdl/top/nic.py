@@ -117,6 +117,7 @@ class NicCore(wiring.Component):
         wiring.connect(m, tp.wb, pipe.wb)
         wiring.connect(m, pipe.ctx_written, tp.ctx_written)
         wiring.connect(m, tp.set_state, pipe.set_state)
+        wiring.connect(m, tp.mr_invalidate, pipe.mr_invalidate)
         m.d.comb += pipe.dropped.ready.eq(1)     # dropped frames are counted by the pipeline
 
         # transmit: transport -> builder -> deparser -> wire

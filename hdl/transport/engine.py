@@ -160,6 +160,8 @@ class RcTransport(wiring.Component):
                                {"index": IB, "ctx": qp_context_layout()}), always_ready=True)),
             "ctx_written": In(stream.Signature(ctx_written_layout(IB), always_ready=True)),
             "set_state":   Out(stream.Signature(set_state_layout(IB))),
+            "mr_invalidate": Out(stream.Signature(data.StructLayout(
+                               {"key": 32, "tenant": 8, "pd": 16}))),
             "wr":          In(stream.Signature(struct_layout(WORK_REQUEST))),
             "rr":          In(stream.Signature(struct_layout(RECV_REQUEST))),
             "cq":          Out(stream.Signature(struct_layout(COMPLETION))),
@@ -293,6 +295,11 @@ class RcTransport(wiring.Component):
         m.submodules.pdq = pdq = SyncFIFOBuffered(width=pd_l.size, depth=16)
         m.submodules.mvq = mvq = SyncFIFOBuffered(width=1 + 64 + 16, depth=16)
         m.submodules.errq = errq = SyncFIFOBuffered(width=IB, depth=4)
+        inv_l = data.StructLayout({"key": 32, "tenant": 8, "pd": 16})
+        m.submodules.invq = invq = SyncFIFOBuffered(width=inv_l.size, depth=4)
+        m.d.comb += [self.mr_invalidate.valid.eq(invq.r_rdy),
+                     self.mr_invalidate.payload.eq(invq.r_data),
+                     invq.r_en.eq(self.mr_invalidate.ready)]
         m.d.comb += [self.set_state.valid.eq(errq.r_rdy), self.set_state.payload.index.eq(errq.r_data),
                      self.set_state.payload.state.eq(QpState.ERROR),
                      errq.r_en.eq(self.set_state.ready)]
@@ -726,7 +733,7 @@ class RcTransport(wiring.Component):
                     # ------------------------------------------------ received packet
                     with m.Case(_Ev.RX):
                         with m.If(is_req & ann.roce):
-                            with m.If(pdq.w_rdy & mvq.w_rdy):
+                            with m.If(pdq.w_rdy & mvq.w_rdy & invq.w_rdy):
                                 m.d.comb += [rx_take.eq(1), mv_push.eq(1), *write_state(ns),
                                              pde.wtag.eq(wtag_now)]
                                 self._respond(m, ns, pde, pd_push, mve, locals())
@@ -998,6 +1005,10 @@ class RcTransport(wiring.Component):
                 mve.write.eq(plen != 0), mve.addr.eq(rqe.addr + s.rq_off), mve.len.eq(plen),
                 ns.rq_off.eq(Mux(v.msg_end, 0, v.send_total)),
             ]
+            with m.If(v.msg_end & v.with_inv):
+                # the receiving side invalidates the MR the IETH names (if it is the QP's own)
+                m.d.comb += [v.invq.w_en.eq(1), v.invq.w_data.eq(Cat(rec.ieth_rkey, ictx.tenant,
+                                                                     ictx.pd))]
             with m.If(v.msg_end):
                 m.d.comb += [
                     ns.rq_tail.eq(s.rq_tail + 1),
