@@ -26,6 +26,7 @@ import inspect
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -128,9 +129,29 @@ def source_digest(factory: Callable | None = None) -> str:
         if extra is not None and hdl_dir not in extra.parents:
             files.append(extra)
     for path in files:
+        data = path.read_bytes()
         hasher.update(f"{path}\n".encode())
-        hasher.update(path.read_bytes())
+        hasher.update(data)
+        _check_not_stale(path, data)
     return hasher.hexdigest()
+
+
+# Contents of every gateware module this process has imported, as first seen. A long-running
+# process (make bench) elaborates with the modules it imported at its start; if someone edits
+# them meanwhile, the on-disk digest names a design this process cannot produce, and caching
+# its old design under the new digest would hand stale Verilog to every later run.
+_SEEN = {}
+
+
+def _check_not_stale(path, data):
+    loaded = {Path(m.__file__).resolve() for m in list(sys.modules.values())
+              if getattr(m, "__file__", None)}
+    if path.resolve() not in loaded:
+        return
+    first = _SEEN.setdefault(path.resolve(), hashlib.sha256(data).digest())
+    if first != hashlib.sha256(data).digest():
+        raise RuntimeError(f"{path} changed after this process imported it: its designs would "
+                           "be stale; restart the process to export Verilog")
 
 
 def export_verilog(name: str, factory: Callable[..., object], params: Mapping, *,
