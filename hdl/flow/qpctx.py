@@ -59,7 +59,7 @@ Ports (``I`` = ``index_bits``, ``U`` = ``user_width``, ``ctx`` = ``qp_context_la
 Parameters: ``depth`` (number of QPs, a power of two), ``user_width`` (sideband bits),
 ``queue`` (responses held in registers, so ``req`` keeps flowing under short ``resp`` stalls).
 Attributes: ``index_bits``, ``LATENCY`` (2: cycles from a ``req`` transfer to its ``resp``
-being valid when nothing stalls). Memory: one ``lib.memory.Memory`` of ``depth`` x 462 bits
+being valid when nothing stalls). Memory: one ``lib.memory.Memory`` of ``depth`` x 475 bits
 (``mem_data``, all zeros after configuration) with one synchronous read port (packets and host
 reads) and one write port.
 """
@@ -114,7 +114,7 @@ class QpContextStore(wiring.Component):
         token = data.StructLayout({"index": ib, "user": self.user_width, "host": 1})
         entry = data.StructLayout({"tok": token, "ctx": W})
 
-        # ``no_rw_check``: yosys need not emulate read-during-write (it would add a 462-bit
+        # ``no_rw_check``: yosys need not emulate read-during-write (it would add a 475-bit
         # register and bypass of its own); the store never uses the memory word of a collision.
         m.submodules.mem = mem = Memory(data=self.mem_data, attrs={"no_rw_check": 1})
         wr = mem.write_port()
