@@ -227,11 +227,20 @@ async def retry_exhausted(dut):
 async def remote_errors(dut):
     """A WRITE with a wrong rkey gets NAK remote access -> REM_ACCESS_ERR and a flush; a SEND
     without a posted receive on a QP with rnr_retry 1 ends in RNR_RETRY_EXC_ERR (after RNR NAKs
-    and waits); a SEND with Invalidate invalidates the receiver's MR, so a later WRITE with that
+    and waits); a SEND longer than its receive buffer ends in REM_INV_REQ_ERR at the sender and
+    LOC_LEN_ERR at the receiver; a SEND with Invalidate invalidates the receiver's MR, so a later WRITE with that
     rkey fails with REM_ACCESS_ERR."""
     cfg = QpConfig(timeout=3, rnr_retry=1, min_rnr_timer=1)
     h = Harness(dut, pause=0.05)
-    await h.start(3, cfg)
+    await h.start(4, cfg)
+    # QP 4: a SEND longer than the receive buffer: NAK invalid request -> REM_INV_REQ_ERR at the
+    # sender, LOC_LEN_ERR for the receive WQE
+    wr, recv = h.random_wr("a", 4, 3000, ops=(WrOpcode.SEND,))
+    wr.inline, wr.length, wr.laddr = None, 3000, h._take("a", 4, SRC, 3000)
+    recv.length = 1000
+    h.sb.expect_error("a", 4, WcStatus.REM_INV_REQ_ERR)
+    await h.post_recv("b", recv)
+    await h.post("a", wr)
     # QP 1: bad rkey
     wr, _ = h.random_wr("a", 1, 2000, ops=(WrOpcode.RDMA_WRITE,))
     wr.rkey ^= 0x3          # stale tag
@@ -245,8 +254,9 @@ async def remote_errors(dut):
     await h.post("a", wr)
     await h.collect(200_000)
     h.sb.check()
-    for qp in (1, 2):
+    for qp in (1, 2, 4):
         assert (await h.nic["a"].tables.read_qp(qp))["state"] == QpState.ERROR
+    assert any(c.status == WcStatus.LOC_LEN_ERR and c.qp == 4 for c in h.cqes["b"])
     # QP 3: SEND with Invalidate naming B's memory region; a WRITE with that rkey afterwards is
     # refused (NAK remote access error) because B invalidated the region on receipt.
     wr, recv = h.random_wr("a", 3, 200, ops=(WrOpcode.SEND_WITH_INV,))
