@@ -30,14 +30,14 @@ SRC, WDST, RBUF, RDST = 0, 1 << 16, 2 << 16, 3 << 16   # areas inside a region
 class Harness(TB):
     """Two NICs, the switch between them, QP pairs (index i on both sides) and a scoreboard."""
 
-    def __init__(self, dut, *, pause=0.1, link=None, seed=None):
+    def __init__(self, dut, *, pause=0.1, link=None, back=None, seed=None):
         super().__init__(dut)
         self.width = len(dut.a_s_axis_rx_tdata)
         self.rng = random.Random(cocotb.RANDOM_SEED if seed is None else seed)
         self.log.info("harness seed %d", cocotb.RANDOM_SEED if seed is None else seed)
         self.nic = {"a": SimNic(dut, "a", pause=pause), "b": SimNic(dut, "b", pause=pause)}
         link = link or LinkConfig()
-        self.switch = Switch.from_prefixes(dut, "a", "b", config_ab=link, config_ba=link)
+        self.switch = Switch.from_prefixes(dut, "a", "b", config_ab=link, config_ba=back or link)
         if pause:
             for ln in self.switch.links:
                 ln.sink.set_pause_generator(pause_generator(pause / 2, name=f"{ln.name}.tx"))
@@ -228,8 +228,8 @@ async def remote_errors(dut):
     """A WRITE with a wrong rkey gets NAK remote access -> REM_ACCESS_ERR and a flush; a SEND
     without a posted receive on a QP with rnr_retry 1 ends in RNR_RETRY_EXC_ERR (after RNR NAKs
     and waits); a SEND longer than its receive buffer ends in REM_INV_REQ_ERR at the sender and
-    LOC_LEN_ERR at the receiver; a SEND with Invalidate invalidates the receiver's MR, so a later WRITE with that
-    rkey fails with REM_ACCESS_ERR."""
+    LOC_LEN_ERR at the receiver; a SEND with Invalidate invalidates the receiver's MR, so a
+    later WRITE with that rkey fails with REM_ACCESS_ERR."""
     cfg = QpConfig(timeout=3, rnr_retry=1, min_rnr_timer=1)
     h = Harness(dut, pause=0.05)
     await h.start(4, cfg)
