@@ -41,6 +41,7 @@ replays it).
 """
 
 import collections
+import copy
 import logging
 import random
 from types import SimpleNamespace
@@ -83,6 +84,7 @@ from .verbs import (
     packets,
     psn_add,
     psn_diff,
+    wc_opcode,
 )
 
 MEM_SIZE = 1 << 20
@@ -100,6 +102,21 @@ KNOWN = {
     # reset its coalescing count (rcspec: "ack_count = 0 whenever an ACK or NAK is sent"), so
     # its next coalesced ACK comes earlier than the contract's.
     "dup_ack_count": "duplicate AckReq while ack_count > 0 (ack_coalesce > 1)",
+    # D2 (RTL vs contract and model; the RTL's documented fix): an ACK/NAK past a READ whose
+    # responses were lost rewinds the core only once until progress; the contract (and the
+    # model) rewind on every such ACK. The script loses such a second ACK/NAK.
+    "lost_read_once": "a second ACK past the same unanswered READ before any progress",
+    # D3 (RTL vs contract, model and the engine's own docstring): the core's rewind for a lost
+    # READ costs one retry_cnt (and is fatal RETRY_EXC_ERR when none is left); the contract's
+    # READ rewind costs nothing. A run that reaches a point where the two retry counts decide
+    # differently ends there (the core's fatal error is checked, the model's view is dropped).
+    "lost_read_retry": "retry budget exhausted after a lost-READ rewind",
+    # D4 (RTL vs contract and model): a fatal NAK (invalid request, remote access, remote
+    # operational) whose implicit ACK passes a READ with lost responses is taken by the core
+    # as a lost-READ ACK: it rewinds and the NAK's error is forgotten (it comes back with the
+    # retransmission). The contract fails the QP at once (the model flushes the READ first).
+    # The script loses such a NAK.
+    "fatal_nak_past_read": "a fatal NAK past a READ whose responses were lost",
 }
 
 
@@ -225,6 +242,7 @@ class Bench(TB):
             self.rx.set_pause_generator(pause_generator(pause, name="rx"))
             self.tx.set_pause_generator(pause_generator(pause, name="tx"))
         self.remote_qpn = REMOTE_QPN
+        self.responses_fed = 0         # response packets into s_axis_rx (requester tests)
         self.tx_handler = None
         self.cq_handler = None
         self.tx_frames = 0
@@ -288,6 +306,20 @@ class Bench(TB):
             await ClockCycles(self.dut.clk, 4)
             waited += 4
         return waited
+
+    async def responses_processed(self):
+        """Wait until the transport has taken every response fed so far: each one counts once
+        in ``rx_acks`` or ``rx_stale``. (Work requests reach the transport directly, so a post
+        must not overtake a response still in the receive pipeline.)"""
+        for _ in range(200):
+            n = (await self.nic.read_reg("transport.rx_acks")
+                 + await self.nic.read_reg("transport.rx_stale"))
+            if n == self.responses_fed:
+                return
+            assert n < self.responses_fed, f"transport took {n} responses of {self.responses_fed}"
+            await ClockCycles(self.dut.clk, 16)
+        self.fail(f"the transport took {n} of the {self.responses_fed} responses fed")
+        self.check()
 
     async def send_frame(self, frame):
         await self.rx.send(AxiStreamFrame(frame))
@@ -809,6 +841,25 @@ class RtlTimer:
         return self.armed and t >= self.lb + self.lo
 
 
+def model_receive(model, pkt):
+    """``model.receive(pkt)``, working around a model defect (M1): ``RequesterModel._ack``
+    walks into a WQE that has not been sent yet (``first_psn`` None) and raises TypeError when
+    an ACK covers every packet sent while a later work request waits for the window. The
+    contract's walk stops there, so the unsent WQEs (always the tail of the send queue) are
+    kept out of the walk; if the packet is fatal they are flushed after the others, as the
+    model's ``_fatal`` would have done."""
+    k = next((i for i, w in enumerate(model.sq) if w.first_psn is None), len(model.sq))
+    hidden = model.sq[k:]
+    del model.sq[k:]
+    out = model.receive(pkt)
+    if model.error and hidden:
+        out += [Completion(model.qp, w.wr.wr_id, WcStatus.WR_FLUSH_ERR, wc_opcode(w.wr.opcode))
+                for w in hidden]
+    elif not model.error:
+        model.sq.extend(hidden)
+    return out
+
+
 class RequesterRun:
     """One QP's run ("episode") on the requester side: the core and ``RequesterModel`` side by
     side, the testbench being the wire and the remote responder (see the module docstring)."""
@@ -838,6 +889,12 @@ class RequesterRun:
         self.exp_cq = collections.deque()
         self.to_remote = collections.deque()    # request packets on the wire
         self.to_local = collections.deque()     # response packets on the wire
+        self.retry_cnt = retry_cnt
+        # The core's own view where it departs from the contract (D2, D3 in KNOWN): its
+        # "rewound for a lost READ" flag and its retry budget.
+        self.lost_rd = False
+        self.rtl_retry = retry_cnt
+        self.ended = None                       # a KNOWN case ended the run here
         b.tx_handler = lambda pkt: self.captured.append((pkt, self.now()))
         b.cq_handler = self.got_cq.append
         b.log.info("QP %d: sq_psn %#x, retry_cnt %d, rnr_retry %d, remote ack_coalesce %d, "
@@ -884,8 +941,8 @@ class RequesterRun:
         t0 = self.now()
         await self.b.wait_until(self.match, 200_000, "the core's requests and completions")
         if timer.armed and self.now() >= timer.lb + timer.lo > t0:
-            self.b.fail("the core's timer may have expired while the testbench waited for "
-                        "packets: the guard time is too short for this configuration")
+            self.b.fail("the core's timer could expire before it sent what the model predicts "
+                        "(it sent less, or slower than the guard time allows)")
         self.b.check()
 
     async def guarded(self):
@@ -915,6 +972,10 @@ class RequesterRun:
             self.stats["rnr_expiries"] += 1
         else:
             kind = "ACK timeout"
+            if self.rtl_retry == 0 < model.retry_left and not self.known["lost_read_retry"]:
+                await self.end_known("lost_read_retry", "ACK timeout", [])
+                return
+            self.rtl_retry = max(self.rtl_retry - 1, 0)
             out = model.timeout()
             self.stats["timeouts"] += 1
         b.note(f"{kind} -> " + (", ".join(_out_str(o) for o in out) or "-"))
@@ -929,6 +990,7 @@ class RequesterRun:
         self.wrs_left -= 1
         wr = random_wr(self.rng, seq, self.mtu, self.rdst)
         wr.qp = self.qp_index
+        await self.b.responses_processed()
         await self.guarded()
         self.take(self.model.post(wr))
         self.b.note(f"post {wr.opcode.name} {wr.size}B wr_id {wr.wr_id:#x}"
@@ -969,17 +1031,51 @@ class RequesterRun:
                                         psn_add(self.model.una, -rng.randint(1, 1000)),
                                         aeth=Aeth(0x1F, rng.randrange(1 << 24))))
 
+    def trial(self, pkt):
+        """What the model would do with ``pkt`` (a copy of it takes the packet)."""
+        mem, self.model.mem = self.model.mem, None
+        try:
+            m = copy.deepcopy(self.model)
+        finally:
+            self.model.mem = mem
+        model_receive(m, pkt)
+        return m
+
     async def local_step(self):
         """The core (and the model) take the oldest response on the wire."""
-        model, timer = self.model, self.timer
+        model, timer, known = self.model, self.timer, self.known
         rp = self.to_local.popleft()
+        t = self.trial(rp)
+        c0, c1 = model.counts, t.counts
+        moved = t.una != model.una
+        read_rw = c1["read_rewind"] > c0["read_rewind"]
+        seq_rw = not read_rw and c1["rewind"] > c0["rewind"] and c1["nak_seq"] > c0["nak_seq"]
+        rtl_eff = self.retry_cnt if moved else self.rtl_retry
+        if read_rw and t.error and not known["fatal_nak_past_read"]:
+            self.b.note(f"lost {show(rp)} (D4: a fatal NAK past a READ with lost responses)")
+            self.stats["D4_avoided"] += 1
+            return
+        if read_rw and self.lost_rd and not known["lost_read_once"]:
+            self.b.note(f"lost {show(rp)} (D2: a second lost-READ rewind without progress)")
+            self.stats["D2_avoided"] += 1
+            return
+        if (read_rw or (seq_rw and not t.error)) and rtl_eff == 0 \
+                and not known["lost_read_retry"]:
+            await self.end_known("lost_read_retry", show(rp), [rp])
+            return
         await self.guarded()
         t0 = self.now()
         una0, rewinds0, rnr0 = model.una, model.counts["rewind"], model.counts["rnr_nak"]
-        out = model.receive(rp)
+        out = model_receive(model, rp)
         self.b.note(f"fed {show(rp)} -> " + (", ".join(_out_str(o) for o in out) or "-"))
         self.stats["responses_fed"] += 1
         self.take(out)
+        if read_rw:
+            self.rtl_retry, self.lost_rd = rtl_eff - 1, True
+        elif seq_rw:
+            self.rtl_retry, self.lost_rd = max(rtl_eff - 1, 0), False
+        elif moved:
+            self.rtl_retry, self.lost_rd = self.retry_cnt, False
         if model.error:
             timer.disarm()
         elif model.rnr_wait and model.counts["rnr_nak"] != rnr0:
@@ -988,8 +1084,33 @@ class RequesterRun:
             pass                    # go-back-N after a NAK or a lost READ: timer unchanged
         elif model.una != una0:
             timer.progress(t0, model.npsn != model.una)
-        await self.b.send_frame(to_frame(rp, dest_qp=self.qpn))
+        await self.feed(rp)
         await self.settle()
+
+    async def feed(self, rp):
+        self.b.responses_fed += 1
+        await self.b.send_frame(to_frame(rp, dest_qp=self.qpn))
+
+    async def end_known(self, case, what, feed):
+        """A KNOWN divergence decides the run from here (the core fails the QP with
+        RETRY_EXC_ERR where the model would go on): feed the model what the core gets (for the
+        completions of what it acknowledges), expect the core's fatal error for the oldest WQE
+        left and flushes for the others, and stop comparing with the model."""
+        model = self.model
+        for rp in feed:
+            self.take(model_receive(model, rp))
+        self.b.note(f"{case}: the core fails the QP at {what}; the model would go on")
+        self.stats[f"{case}_ended"] += 1
+        for i, w in enumerate(model.sq):
+            self.exp_cq.append(Completion(self.qp_index, w.wr.wr_id,
+                                          WcStatus.RETRY_EXC_ERR if i == 0 else WcStatus.WR_FLUSH_ERR,
+                                          wc_opcode(w.wr.opcode)))
+        self.ended = case
+        for rp in feed:
+            await self.feed(rp)
+        self.to_local.clear()
+        self.to_remote.clear()
+        self.exp.clear()
 
     def post_receives(self):
         """The remote application posts receives now and then (none: RNR NAKs)."""
@@ -1019,6 +1140,8 @@ class RequesterRun:
             if self.to_local:
                 choices.append(("local", 3))
             done += 1
+            if self.ended:
+                break
             if not choices:
                 if model.error or model.idle:
                     break
@@ -1031,7 +1154,7 @@ class RequesterRun:
                 self.remote_step()
             else:
                 await self.local_step()
-        if model.error:
+        if model.error and not self.ended:
             # posts to a QP in error complete with WR_FLUSH_ERR
             for _ in range(rng.randint(0, 2)):
                 await self.post_wr(next_seq())
@@ -1043,9 +1166,10 @@ class RequesterRun:
                    f"after the run: {[show(p) for p, _ in self.captured]} {list(self.got_cq)}")
         b.check()
         ctx = await self.nic.tables.read_qp(self.qp_index)
-        want_state = QpState.ERROR if model.error else QpState.RTS
+        want_state = QpState.ERROR if model.error or self.ended else QpState.RTS
         assert ctx["state"] == want_state, \
             f"seed {b.seed}: QP {self.qp_index} state {ctx['state']}, model: {want_state.name}"
+        await self.nic.tables.delete_flow(0, self.qpn)
         self.stats["runs"] += 1
         self.stats["fatal"] += model.error
         b.log.info("QP %d done after %d events: %s; model counts %s", self.qp_index, done,
@@ -1088,7 +1212,7 @@ async def requester(dut):
     run = 0
     while steps > 0:
         run += 1
-        qp_index, qpn = 3 + run, QPN + run      # a fresh QP for each run
+        qp_index, qpn = 1 + run % 15, QPN + run     # a fresh QP (number) for each run
         b.remote_qpn = REMOTE_QPN + run
         retry_cnt = rng.choice([2, 3, 7])
         rnr_retry = rng.choice([1, 3, 7])
