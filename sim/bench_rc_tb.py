@@ -95,11 +95,12 @@ async def bench(dut):
             h.switch.ab.cut(drop_24th)
         await _stream(h, total, msg)
         frames = _data_frames(h.switch.ab)
-        # Measured where A puts frames on the wire: from the first beat of the first data frame
-        # (its arrival edge at the switch is its last beat) to the last beat of the last one.
-        first_beats = -(-frames[0].length // B)
-        t0 = frames[0].cycle_in - first_beats
-        t1 = frames[-1].cycle_in
+        # Measured on the wire into B (the switch serializes at W/8 bytes per cycle plus the
+        # per-frame overhead): from the first data frame's departure to the end of the last
+        # delivered one.
+        delivered = [r for r in frames if r.cycle_out is not None]
+        t0 = min(r.cycle_out for r in delivered)
+        t1 = max(r.cycle_out + (r.length + WIRE_OVERHEAD) / B for r in delivered)
         payload = total
         cycles = t1 - t0
         goodput = payload / cycles                               # bytes per cycle

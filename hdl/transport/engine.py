@@ -291,7 +291,10 @@ class RcTransport(wiring.Component):
 
         # ------------------------------------------------------------ queues
         m.submodules.sched = sched = SyncFIFOBuffered(width=IB, depth=self.qps)
-        m.submodules.txq = txq = SyncFIFOBuffered(width=tx_desc_layout(IB).size, depth=4)
+        # Short on purpose: every request packet queued here (and in the builder) has left the
+        # requester's hands, so a go-back-N rewind waits for it to go out first. Two packets of
+        # look-ahead keep the wire busy at 512 bits; more only lengthen loss recovery.
+        m.submodules.txq = txq = SyncFIFOBuffered(width=tx_desc_layout(IB).size, depth=2)
         m.submodules.pdq = pdq = SyncFIFOBuffered(width=pd_l.size, depth=16)
         m.submodules.mvq = mvq = SyncFIFOBuffered(width=1 + 64 + 16, depth=16)
         m.submodules.errq = errq = SyncFIFOBuffered(width=IB, depth=4)

@@ -105,9 +105,11 @@ class TxBuilder(wiring.Component):
         m = Module()
         B = self.data_width // 8
         rec_l = record_layout()
-        m.submodules.recq = recq = SyncFIFOBuffered(width=rec_l.size, depth=4)
-        m.submodules.srcq = srcq = SyncFIFOBuffered(width=_src_entry_layout().size, depth=8)
-        m.submodules.cmdq = cmdq = SyncFIFOBuffered(width=80, depth=4)
+        # Two packets deep: enough to hide the DMA read latency behind the packet on the wire,
+        # short enough that a go-back-N rewind does not wait behind many committed packets.
+        m.submodules.recq = recq = SyncFIFOBuffered(width=rec_l.size, depth=2)
+        m.submodules.srcq = srcq = SyncFIFOBuffered(width=_src_entry_layout().size, depth=4)
+        m.submodules.cmdq = cmdq = SyncFIFOBuffered(width=80, depth=2)
 
         # S1 holds one descriptor whose context read is in flight (data valid in S1).
         s1_valid = Signal()
