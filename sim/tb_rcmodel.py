@@ -117,6 +117,9 @@ KNOWN = {
     # retransmission). The contract fails the QP at once (the model flushes the READ first).
     # The script loses such a NAK.
     "fatal_nak_past_read": "a fatal NAK past a READ whose responses were lost",
+    # D5 (contract silent; RTL and model differ): an AETH with a reserved syndrome (bits 6:5 =
+    # 10, or bit 7 set). Not generated unless asked for.
+    "reserved_syndrome": "ACKNOWLEDGE packets with reserved AETH syndromes",
 }
 
 
@@ -567,11 +570,7 @@ class RequestDriver:
             psn = rng.choice(list(self.sent))
             pkt = self.plan.get(psn)
             if pkt is not None:
-                ackreq = rng.random() < 0.5
-                if ackreq and self.model.ack_count and not self.known.get("dup_ack_count"):
-                    # D1 (see KNOWN): the core's duplicate ACK does not restart the count
-                    ackreq = False
-                q = Packet(pkt.opcode, pkt.psn, ackreq=ackreq, payload=pkt.payload,
+                q = Packet(pkt.opcode, pkt.psn, ackreq=rng.random() < 0.5, payload=pkt.payload,
                            reth=pkt.reth, imm=pkt.imm, ieth=pkt.ieth)
                 return q, "duplicate"
         if r < 0.07:
@@ -583,9 +582,6 @@ class RequestDriver:
             if p is not None and rng.random() < 0.5:
                 q.opcode, q.payload, q.reth, q.imm, q.ieth = (p.opcode, p.payload, p.reth,
                                                               p.imm, p.ieth)
-            if q.ackreq and self.model.ack_count and not self.known.get("dup_ack_count") \
-                    and psn_diff(q.psn, self.model.epsn) >= PSN_MOD // 2:
-                q.ackreq = False        # D1 again (a stray behind epsn is a duplicate)
             return q, "stray"
         pkt = self.planned(self.cursor)
         if pkt is None:
@@ -641,12 +637,14 @@ async def responder(dut):
     near_wrap = rng.random() < 0.5
     epsn = (PSN_MOD - rng.randint(1, 40)) if near_wrap else rng.randrange(PSN_MOD)
     cfg = QpConfig(pmtu=pmtu, timeout=0, min_rnr_timer=min_rnr)
+    msn = rng.choice([0, rng.randrange(PSN_MOD), PSN_MOD - rng.randint(1, 20)])
     await configure_qp(nic, cfg, sq_psn=0, epsn=epsn)
+    await nic.tables.write_qp(QP_INDEX, msn=msn)
     await nic.write_reg("transport.ack_coalesce", ack_coalesce)
     b.log.info("responder: pmtu %d (%d bytes), ack_coalesce %d, min_rnr_timer %d, epsn %#x, "
-               "%d steps", int(pmtu), mtu, ack_coalesce, min_rnr, epsn, steps)
+               "msn %#x, %d steps", int(pmtu), mtu, ack_coalesce, min_rnr, epsn, msn, steps)
     model = ResponderModel(int(pmtu), ack_coalesce=ack_coalesce, min_rnr_timer=min_rnr,
-                           epsn=epsn, qp=QP_INDEX)
+                           epsn=epsn, msn=msn, qp=QP_INDEX)
     known = known_cases()
     drv = RequestDriver(rng, mtu, epsn, b.mr, model, known)
     mirror = b.mirror
@@ -708,10 +706,26 @@ async def responder(dut):
         await b.wait_until(lambda: nic.rr_source.idle(), 10_000, "receive posts")
         await ClockCycles(dut.clk, 20)
 
+    async def set_state(state):
+        """The host moves the QP (only RTR and RTS take requests; RESET and INIT, which would
+        reset the transport state, are not used)."""
+        await quiesce()
+        await nic.tables.write_qp(QP_INDEX, state=state)
+        model.state = state
+        b.note(f"QP state {QpState(state).name}")
+        stats["state_changes"] += 1
+
+    accepting = (QpState.RTR, QpState.RTS)
     await post_receives(rng.randint(0, 4))
     for step in range(steps):
         b.check()
-        if rng.random() < 0.06 or (len(model.rq) == 0 and rng.random() < 0.15):
+        if model.state not in accepting:
+            if rng.random() < 0.1:
+                await set_state(rng.choice(accepting))
+        elif rng.random() < 0.01:
+            await set_state(rng.choice([QpState.RTR, QpState.RTS, QpState.SQD, QpState.SQE,
+                                        QpState.ERROR]))
+        elif rng.random() < 0.06 or (len(model.rq) == 0 and rng.random() < 0.15):
             await post_receives(rng.randint(1, 4))
         pkt, note = drv.next()
         if pkt.opcode == Opcode.READ_REQUEST and pkt.payload:
@@ -721,9 +735,16 @@ async def responder(dut):
             out = []
             note = "malformed"
         else:
+            if (pkt.ackreq and model.ack_count and psn_diff(pkt.psn, model.epsn) >= PSN_MOD // 2
+                    and not known["dup_ack_count"]):
+                # D1 (see KNOWN): the core's re-ACK of a duplicate does not restart its count
+                pkt = copy.copy(pkt)
+                pkt.ackreq = False
+                note += ", AckReq cleared (D1)"
             out = model.receive(pkt, b.mr.check_packet)
         drv.answer(out)
-        stats[note] += 1
+        stats[note.split(",")[0]] += 1
+        stats["D1_avoided"] += "D1" in note
         b.note(f"fed {show(pkt)} ({note}) -> " + (", ".join(_out_str(o) for o in out) or "-"))
         writes = [o for o in out if isinstance(o, MemWrite)]
         if writes and any(p.opcode != Opcode.ACKNOWLEDGE for p, _ in exp_tx):
@@ -758,7 +779,7 @@ async def responder(dut):
         diff = next(i for i in range(MEM_SIZE) if nic.mem.read(i, 1)[0] != mirror.data[i])
         raise Mismatch(f"seed {b.seed}: host memory differs from the model first at {diff:#x}")
     ctx = await nic.tables.read_qp(QP_INDEX)
-    assert (ctx["epsn"], ctx["msn"], ctx["state"]) == (model.epsn, model.msn, QpState.RTS), \
+    assert (ctx["epsn"], ctx["msn"], ctx["state"]) == (model.epsn, model.msn, model.state), \
         (f"seed {b.seed}: QP context epsn {ctx['epsn']:#x} msn {ctx['msn']} state {ctx['state']}; "
          f"model epsn {model.epsn:#x} msn {model.msn}")
     counters = await nic.counters()
@@ -770,6 +791,7 @@ async def responder(dut):
     assert counters["rx_requests"] == model.counts["accepted"]
     assert counters["rx_duplicates"] == model.counts["duplicate"]
     assert counters["rx_out_of_sequence"] == model.counts["out_of_sequence"]
+    assert counters["rx_drop_state"] == model.counts["drop_state"]
 
 
 def _out_str(o):
@@ -1016,9 +1038,17 @@ class RequesterRun:
             if isinstance(o, MemWrite):
                 self.rmem.write(o.addr, o.data)
         for rp in response_packets(out, self.mtu, self.rmem, qp=self.qpn):
-            if rp.opcode == Opcode.ACKNOWLEDGE and rng.random() < 0.01:
-                # a remote operational error (the model responder never sends one)
-                rp.aeth = Aeth(nak_syndrome(NakCode.REM_OP), rp.aeth.msn)
+            if rp.aeth is not None and rp.aeth.syndrome == 0x1F and rng.random() < 0.1:
+                # an ACK with a credit count (AETH bits 4:0) other than "not used": still an ACK
+                rp.aeth = Aeth(rng.randrange(0x1F), rp.aeth.msn)
+            if rp.opcode == Opcode.ACKNOWLEDGE and rng.random() < 0.004:
+                # a remote operational error, or a reserved NAK code (the model responder never
+                # sends one; both complete as REM_OP_ERR)
+                rp.aeth = Aeth(nak_syndrome(rng.choice([NakCode.REM_OP, rng.randint(4, 31)])),
+                               rp.aeth.msn)
+            if rp.opcode == Opcode.ACKNOWLEDGE and rng.random() < 0.01 \
+                    and self.known["reserved_syndrome"]:
+                rp.aeth = Aeth(rng.choice([0x40, 0x5F, 0x80, 0x9F, 0xE0]), rp.aeth.msn)
             if rng.random() < self.p_resp_drop:
                 stats["responses_lost"] += 1
                 continue
@@ -1117,7 +1147,7 @@ class RequesterRun:
         rng, remote = self.rng, self.remote
         if len(remote.rq) < 2 and rng.random() < (0.5 if self.model.rnr_wait else 0.2):
             for _ in range(rng.randint(1, 3)):
-                length = rng.randint(0, self.mtu - 1) if rng.random() < 0.03 else 5 * self.mtu
+                length = rng.randint(0, self.mtu - 1) if rng.random() < 0.01 else 5 * self.mtu
                 remote.post_recv(RecvRequest(qp=0, wr_id=0, addr=rng.randrange(
                     0, RMEM_SIZE - length), length=length))
 
@@ -1267,6 +1297,6 @@ def random_wr(rng, seq, mtu, rdst):
     else:
         wr.laddr = rng.randrange(SRC_AREA[0], SRC_AREA[1] - n)
     wr.length = n if wr.inline is None else 0
-    if not op.is_send and rng.random() < 0.02:
+    if not op.is_send and rng.random() < 0.01:
         wr.rkey = BAD_RKEY          # the remote NAKs it: REM_ACCESS_ERR
     return wr
