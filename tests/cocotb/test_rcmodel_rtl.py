@@ -33,9 +33,27 @@ def run(width, testcase, **params):
 
 @pytest.mark.parametrize("width,pmtu", [(64, 1), (512, 3)])
 def test_responder(width, pmtu):
-    run(width, "responder", pmtu=pmtu, steps=int(os.environ.get("STELLAR_TB_STEPS", 300)))
+    run(width, "responder", pmtu=pmtu, steps=int(os.environ.get("STELLAR_TB_STEPS", 500)))
 
 
 @pytest.mark.parametrize("width,pmtu", [(64, 1), (512, 3)])
 def test_requester(width, pmtu):
-    run(width, "requester", pmtu=pmtu, steps=int(os.environ.get("STELLAR_TB_STEPS", 400)))
+    run(width, "requester", pmtu=pmtu, steps=int(os.environ.get("STELLAR_TB_STEPS", 500)))
+
+
+# Directed reproducers of the divergences the random tests steer clear of (stellar.sim.tb_rcmodel
+# KNOWN). Each fails today; they are skipped so CI stays green, and show the case once fixed.
+DIVERGENCES = {
+    "dup_ack_count": "D1 RTL: a duplicate's re-ACK does not restart the ACK coalescing count",
+    "lost_read_once": "D2 RTL (documented fix) vs contract: one lost-READ rewind per progress",
+    "lost_read_retry": "D3 RTL: a lost-READ rewind spends retry_cnt (RETRY_EXC_ERR early)",
+    "fatal_nak_past_read": "D4 RTL: a fatal NAK past a READ with lost responses only rewinds",
+    "read_position": "D6 RTL (documented fix) vs model: stale READ responses after a re-request",
+    "reserved_syndrome": "D5 contract silent: reserved AETH syndrome implicitly ACKs PSN - 1",
+}
+
+
+@pytest.mark.parametrize("case", list(DIVERGENCES))
+def test_divergence(case):
+    pytest.skip(f"known divergence, reported: {DIVERGENCES[case]}")
+    run(64, "scenario", pmtu=1, scenario=case)
