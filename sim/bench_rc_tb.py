@@ -58,8 +58,21 @@ async def _stream(h, total, msg, *, depth=12):
         done += 1
 
 
+def _mac_pause(link, frames=2):
+    """Backpressure of a MAC with a transmit FIFO of ``frames`` 4 KiB frames: the core may not
+    run ahead of the wire (at 512 bits a 65-beat frame takes 65.3 cycles of wire time, so
+    without this the switch queue, and with it every go-back-N resend, would grow all run)."""
+    limit = frames * link.model.wire_time(MTU + HEADERS + ICRC)
+    while True:
+        tb = link.timebase
+        yield tb.period is not None and tb.phase is not None and \
+            link.model.queue_delay(tb.cycle()) > limit
+
+
 async def _setup(dut, link, back=None):
     h = Harness(dut, pause=0.0, link=link, back=back)
+    for ln in h.switch.links:
+        ln.sink.set_pause_generator(_mac_pause(ln))
     cfg = QpConfig(pmtu=PathMtu.MTU_4096, timeout=4)
     await h.start(1, cfg, window=64)
     return h
