@@ -264,6 +264,7 @@ class Bench(TB):
         self.cq_count = 0
         self.failure = None
         self.history = collections.deque(maxlen=40)     # recent events, for failure reports
+        self.verbose = tb_param("verbose", bool, False)  # log every event as it happens
 
     async def start(self):
         await self.reset()
@@ -277,6 +278,8 @@ class Bench(TB):
 
     def note(self, text):
         self.history.append(f"[{cocotb.utils.get_sim_time('ns'):.0f} ns] {text}")
+        if self.verbose:
+            self.log.info("%s", text)
 
     def fail(self, text):
         if self.failure is None:
@@ -992,6 +995,7 @@ class RequesterRun:
         self.p_delay = rng.choice([0.0, 0.0, 0.05])
         self.held = []                          # [responses to go, packet]: reordered ones
         self.clean = False                      # no random impairments (directed runs)
+        self.rnr_hi = 0                         # latest end of the current RNR delay
         b.tx_handler = lambda pkt: self.captured.append((pkt, self.now()))
         b.cq_handler = self.got_cq.append
         b.log.info("QP %d: sq_psn %#x, retry_cnt %d, rnr_retry %d, remote ack_coalesce %d, "
@@ -1061,7 +1065,9 @@ class RequesterRun:
         """Wait for the core's timer to act: a packet or completion the model did not predict.
         The model's ``timeout()`` / ``rnr_expired()`` is called there."""
         b, model, timer = self.b, self.model, self.timer
-        limit = self.now() + (timer.hi if timer.armed else timer.ack[1]) + 200
+        longest = max(timer.hi if timer.armed else 0, timer.ack[1],
+                      self.rnr_hi if model.rnr_wait else 0)
+        limit = self.now() + longest + 200
         await b.wait_until(lambda: self.captured or self.got_cq or self.now() > limit, 400_000,
                            "a timer expiry")
         await ClockCycles(b.dut.clk, 20)
@@ -1219,6 +1225,7 @@ class RequesterRun:
             timer.disarm()
         elif model.rnr_wait and model.counts["rnr_nak"] != rnr0:
             timer.rnr(t0, rp.aeth.syndrome & 0x1F)
+            self.rnr_hi = timer.hi
         elif model.counts["rewind"] != rewinds0:
             pass                    # go-back-N after a NAK or a lost READ: timer unchanged
         elif model.una != una0:
@@ -1320,6 +1327,7 @@ class RequesterRun:
         want_state = QpState.ERROR if model.error or self.ended else QpState.RTS
         assert ctx["state"] == want_state, \
             f"seed {b.seed}: QP {self.qp_index} state {ctx['state']}, model: {want_state.name}"
+        await b.responses_processed()       # none still on its way to the flow entry
         await self.nic.tables.delete_flow(0, self.qpn)
         self.stats["runs"] += 1
         self.stats["fatal"] += model.error
@@ -1330,6 +1338,7 @@ class RequesterRun:
         ``"local_hold"`` (the core takes / the wire loses / holds back the oldest response);
         ``"release"`` (held responses go first); ``"timer"`` (wait for the core's timer);
         ``("mutate", syndrome)`` (the oldest response gets that AETH syndrome);
+        ``"remote_recv"`` (the remote application posts a receive);
         ``"settle"`` (the remote and the core exchange everything left, nothing lost)."""
         for i, a in enumerate(actions):
             self.b.check()
@@ -1350,6 +1359,8 @@ class RequesterRun:
                 self.held = []
             elif kind == "timer":
                 await self.timer_event()
+            elif kind == "remote_recv":
+                self.remote.post_recv(RecvRequest(qp=0, wr_id=0, addr=0x8000, length=4096))
             elif kind == "mutate":
                 rp = self.to_local[0]
                 rp.aeth = Aeth(arg, rp.aeth.msn)
@@ -1501,6 +1512,20 @@ async def _responder_d1(dut):
     await r.finish()
 
 
+async def _responder_d8(dut):
+    """D8: ack_coalesce 0. The contract (and the model) ACK every accepted packet ("++ack_count
+    >= 0"); the core's CSR reads 0 as "only on AckReq" and sends nothing for a WRITE_ONLY
+    without AckReq."""
+    b = Bench(dut, pause=0.0)
+    await b.start()
+    r = ResponderRun(b, pmtu=PathMtu.MTU_256, ack_coalesce=0, min_rnr=1, epsn=0x10, msn=0,
+                     known=known_cases())
+    await r.setup()
+    await r.feed(Packet(Opcode.WRITE_ONLY, 0x10, payload=bytes(32),
+                        reth=Reth(0x20000, (MR_INDEX << 8) | MR_TAG, 32)))
+    await r.finish()
+
+
 def _requester_script(name, b):
     mtu = mtu_of(b.pmtu)
     rd = RDST_AREA[0]
@@ -1538,6 +1563,15 @@ def _requester_script(name, b):
         # completes), the model ignores the packet.
         return [("post", _wr(W, 32)), ("post", _wr(W, 32)), "remote", "remote", "local_lose",
                 ("mutate", 0x40), "local", "settle"]
+    if name == "rnr_progress":
+        # A SEND finds no receive: RNR NAK, held up in the network; the ACK timer resends the
+        # SEND, which now finds a receive and is ACKed. The stale RNR NAK arrives first (rnr
+        # wait), then the ACK (progress, nothing outstanding). The core disarms its timer --
+        # the RNR delay's -- and stays in the RNR wait for good: the next work request is
+        # never sent. (The contract says "disarm if nothing outstanding" and is silent on the
+        # RNR wait; the model keeps the RNR delay running.)
+        return [("post", _wr(WrOpcode.SEND, 32)), "remote", "local_hold", "timer", "remote_recv",
+                "remote", "release", "local", "local", ("post", _wr(W, 32)), "timer", "settle"]
     raise ValueError(name)
 
 
@@ -1549,10 +1583,14 @@ async def scenario(dut):
     if name == "dup_ack_count":
         await _responder_d1(dut)
         return
+    if name == "ack_coalesce_zero":
+        await _responder_d8(dut)
+        return
     b = await requester_bench(dut, window=16, shift=3)
     r = await requester_run(b, retry_cnt=1 if name == "lost_read_retry" else 7, rnr_retry=7,
                             sq_psn=0x100, known=dict(known_cases(), **{name: True}))
     r.clean = True
     r.remote.ack_coalesce = 1
+    r.remote.min_rnr_timer = 14         # 1.28 ms: longer than a response takes to go in
     await r.script(_requester_script(name, b))
     check_read_data(b)

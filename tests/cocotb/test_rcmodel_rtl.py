@@ -50,6 +50,8 @@ DIVERGENCES = {
     "fatal_nak_past_read": "D4 RTL: a fatal NAK past a READ with lost responses only rewinds",
     "read_position": "D6 RTL (documented fix) vs model: stale READ responses after a re-request",
     "reserved_syndrome": "D5 contract silent: reserved AETH syndrome implicitly ACKs PSN - 1",
+    "ack_coalesce_zero": "D8 RTL vs contract: ack_coalesce 0 means 'only on AckReq' in the RTL",
+    "rnr_progress": "D9 RTL: progress during an RNR wait disarms the RNR timer, the QP hangs",
 }
 
 
