@@ -1252,6 +1252,8 @@ class RcTransport(wiring.Component):
                     m.d.comb += [ns.retry_left.eq(c.retry_cnt), ns.lost_rd.eq(0)]
                     with m.If(v.after != v.A_RNR):
                         m.d.comb += ns.rnr_left.eq(c.rnr_retry)
+                    # the timer word holds the RNR delay while an RNR wait runs: leave it
+                    with m.If((v.after != v.A_RNR) & ~s.rnr_wait):
                         with m.If(ns.una == s.npsn):
                             m.d.comb += v.disarm_timer(1)
                         with m.Else():
