@@ -622,6 +622,9 @@ class RcTransport(wiring.Component):
         m.d.comb += walk_span.eq(walk_to - s.una)
         ack_none = Signal()
         m.d.comb += ack_none.eq(~(resp_is_ack & (syn[5:8] == 0)) & (p_una == 0))
+        syn_known = Signal()        # ACK, RNR NAK or NAK; reserved syndromes are ignored
+        m.d.comb += syn_known.eq((op != O.ACKNOWLEDGE) | (syn[5:8] == Syndrome.ACK)
+                                 | (syn[5:8] == Syndrome.RNR_NAK) | (syn[5:8] == Syndrome.NAK))
         resp_valid = Signal()
         m.d.comb += resp_valid.eq(p_una < sent_span)
         wl_una = Signal(24)         # w_last - una
@@ -742,7 +745,7 @@ class RcTransport(wiring.Component):
                                 self._respond(m, ns, pde, pd_push, mve, locals())
                                 m.next = "IDLE"
                         with m.Elif(is_resp & ann.roce & (c.state == QpState.RTS) & ~s.err
-                                    & resp_valid):
+                                    & resp_valid & syn_known):
                             m.d.sync += una0.eq(s.una)
                             m.next = "WALK"
                         with m.Else():
@@ -939,7 +942,8 @@ class RcTransport(wiring.Component):
                 m.d.comb += pd_push.eq(~v.mr_fail)
                 m.d.comb += v.pd_read_job(ictx.msn)
             with m.Elif(rec.bth_ackreq):
-                m.d.comb += [pd_push.eq(1), *v.pd_ack(ictx.epsn - 1, ack_syndrome(), ictx.msn)]
+                m.d.comb += [pd_push.eq(1), *v.pd_ack(ictx.epsn - 1, ack_syndrome(), ictx.msn),
+                             ns.ack_cnt.eq(0)]
         with m.Elif(v.ahead):
             m.d.comb += csr.rx_out_of_sequence_inc.eq(1)
             with m.If(~s.nak_sent):
