@@ -889,7 +889,9 @@ class RcTransport(wiring.Component):
                         ns.eq(s),
                         ns.npsn.eq(s.una),
                         ns.sq_cur.eq(s.sq_tail),
-                        ns.cur_off.eq(Mux(s.sq_tail == s.sq_head, 0,
+                        # (an oldest WQE never sent, e.g. posted during an RNR wait after
+                        # everything before it was acknowledged, starts from its beginning)
+                        ns.cur_off.eq(Mux((s.sq_tail == s.sq_head) | ~w.sent, 0,
                                           ((s.una - w.first_psn)[:24] << mtu_shift)[:32])),
                         ns.queued.eq(1),
                         *write_state(ns),
