@@ -213,6 +213,7 @@ class Mirror:
         return bytes(self.data[addr:addr + n])
 
     def write(self, addr, data):
+        assert 0 <= addr and addr + len(data) <= len(self.data), f"write outside memory {addr:#x}"
         self.data[addr:addr + len(data)] = data
         for a in range(addr, addr + len(data)):
             self.counts[a] += 1
@@ -711,8 +712,9 @@ class ResponderRun:
         room = 12 - len(model.rq) - (model.cur_recv is not None)
         for length in lengths[:max(room, 0)]:
             self.posted += 1
+            slots = 0x60000 // (4 * self.mtu)       # receive buffers in [0x90000, 0xF0000)
             rr = RecvRequest(qp=QP_INDEX, wr_id=0x5EC0_0000 + self.posted,
-                             addr=0x90000 + (self.posted % 64) * 4 * self.mtu, length=length)
+                             addr=0x90000 + (self.posted % slots) * 4 * self.mtu, length=length)
             model.post_recv(rr)
             await self.nic.post_recv(rr)
             b.note(f"posted receive {rr.wr_id:#x} of {length} bytes")
@@ -1105,6 +1107,8 @@ class RequesterRun:
         wr.qp = self.qp_index
         await self.b.responses_processed()
         await self.guarded()
+        if self.ended:
+            return                  # the timer ended the run (a KNOWN case)
         self.take(self.model.post(wr))
         self.b.note(f"post {wr.opcode.name} {wr.size}B wr_id {wr.wr_id:#x}"
                     f"{' inline' if wr.inline is not None else ''}"
@@ -1178,6 +1182,10 @@ class RequesterRun:
             h[0] -= 1
         self.to_local.extend(h[1] for h in self.held if h[0] <= 0)
         self.held = [h for h in self.held if h[0] > 0]
+        # the core's timer goes first if it may (it changes what the response will do)
+        await self.guarded()
+        if self.ended:
+            return
         t = self.trial(rp)
         c0, c1 = model.counts, t.counts
         op = Opcode(rp.opcode)
@@ -1208,7 +1216,6 @@ class RequesterRun:
                 and not known["lost_read_retry"]:
             await self.end_known("lost_read_retry", show(rp), [rp])
             return
-        await self.guarded()
         t0 = self.now()
         una0, rewinds0, rnr0 = model.una, model.counts["rewind"], model.counts["rnr_nak"]
         out = model_receive(model, rp)

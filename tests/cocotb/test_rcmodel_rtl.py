@@ -20,6 +20,9 @@ def nic_verilog(width):
 
 
 def run(width, testcase, **params):
+    # shell knobs for longer hunts: STELLAR_SEED, STELLAR_TB_STEPS, STELLAR_TB_PMTU
+    if "STELLAR_TB_PMTU" in os.environ and "pmtu" in params:
+        params["pmtu"] = int(os.environ["STELLAR_TB_PMTU"])
     if "STELLAR_SEED" in os.environ:
         seed = int(os.environ["STELLAR_SEED"])
     else:
