@@ -3,41 +3,51 @@
 """cocotb tests of one NIC core (``stellar_nic``) against the RC reference model
 (:mod:`stellar.sim.rcmodel`), packet by packet, on seeded random sequences.
 
-``responder``  One QP in RTS answers a random stream of request packets crafted here (SEND /
-               WRITE First/Middle/Last/Only with and without immediate or invalidate, READ
-               requests; in order, duplicates, gaps and go-back-N resends, PSNs near the 24-bit
-               wrap, illegal opcode sequences, wrong lengths, bad rkeys / PDs / tenants / access /
-               bounds, SENDs without a posted receive, receive buffers too small). The same
-               packets go, in the same order, into a ``ResponderModel`` configured like the QP.
+``responder``  One QP in RTS answers a random stream of request packets crafted here
+               (:class:`RequestDriver`: SEND / WRITE First/Middle/Last/Only with and without
+               immediate or invalidate, READ requests; in order, duplicates, losses and
+               go-back-N resends, strays far ahead/behind, PSNs and MSNs near the 24-bit wrap,
+               illegal opcode sequences, wrong lengths, WRITEs not adding up to their RETH,
+               bad rkeys / PDs / tenants / access / bounds, SENDs without a posted receive,
+               receive buffers too small, QP state changes). The same packets go, in the same
+               order, into a ``ResponderModel`` configured like the QP (:class:`ResponderRun`).
                Every frame the core sends (ACK, NAK, RNR NAK, READ responses: opcode, PSN,
-               AckReq, AETH, payload, ICRC) is compared with the model's outputs in order, every
-               receive completion with the model's, and at the end host memory (content and
-               per-byte write counts) with the model's writes, the QP context (epsn, msn) and
-               the transport counters with the model's counts.
+               AckReq, AETH, RETH/ImmDt/IETH, payload; ICRC and destination QP checked) is
+               compared with the model's outputs in order, every receive completion with the
+               model's, and at the end host memory (content and per-byte write counts), the QP
+               context (state, epsn, msn) and the transport counters with the model's.
 ``requester``  The same core posts random WRITE / SEND / READ work requests (with immediate,
-               invalidate, inline, unsignaled); the testbench is the remote responder (a second
-               ``ResponderModel`` with its own memory and receive queue) and impairs the wire
-               by script: requests dropped, responses dropped (READ responses among them),
-               responses duplicated, ACKs coalesced, RNR NAKs (no receive posted), remote
-               access errors. Every request frame the core sends is compared with
-               ``RequesterModel.next_packet()``; every response goes to both; timer expiries
-               are taken from the RTL's packet stream (a packet the model did not predict, with
-               no response pending, is the ACK timeout or the RNR delay ending: the model's
-               ``timeout()`` / ``rnr_expired()`` is called there and must then predict it).
-               Completions (wr_id, status, opcode, order; byte_len for READs), READ data in host
-               memory and the final QP state are compared.
+               invalidate, inline, unsignaled) on a series of QPs (:class:`RequesterRun`); the
+               testbench is the remote responder (a second ``ResponderModel`` with its own
+               memory and receive queue) and the wire: requests lost, responses lost (READ
+               responses among them), duplicated and reordered, ACKs coalesced and carrying
+               credit counts, RNR NAKs (no receive posted), remote access / operational errors,
+               reserved NAK codes, ghost ACKs. Every request frame the core sends is compared
+               with ``RequesterModel.next_packet()``; every response goes to both; timer expiries
+               are taken from the core's packet stream (a packet, or a completion, the model did
+               not predict while nothing is in flight is the ACK timeout or the end of the RNR
+               delay: the model's ``timeout()`` / ``rnr_expired()`` is called there and must then
+               predict it). Completions (wr_id, status, opcode, order; byte_len of READs), READ
+               data in host memory (content, each byte once) and the QP state are compared.
+``scenario``   Directed reproducers of the divergences in ``KNOWN`` (``STELLAR_TB_SCENARIO``).
 
-Determinism. The RTL's answers must not depend on timing, so the testbench keeps the two
+Determinism. The core's answers must not depend on timing, so the testbench keeps the two
 worlds in step: a packet that makes the responder write memory is not fed while a READ response
-(which reads memory when it is built) is still owed; receive WQEs are posted only when the core
-is idle; on the requester side a response is fed only once the core has sent every packet the
-model says the previous event allows, and never when the core's ACK or RNR timer could expire
-while the response is on its way (the testbench keeps a lower bound of the RTL timer's deadline
-and, when it is close, waits for the expiry first).
+(which reads memory when it is built) is still owed; receive WQEs are posted and QP states
+changed only when the core is idle; on the requester side a response is fed only once the core
+has sent every packet the model says the previous event allows, a work request is posted only
+once the transport has taken every response fed (its counters say so), and nothing goes in when
+the core's ACK or RNR timer could expire on the way (:class:`RtlTimer` keeps a lower bound of the
+deadline; when it is close the testbench waits for the expiry first).
 
-Parameters (``STELLAR_TB_*``): ``width``; ``steps`` (events per test), ``pmtu``, ``pause``
-(backpressure probability on every stream); the seed is cocotb's (logged; ``COCOTB_RANDOM_SEED``
-replays it).
+Divergences. Where the core departs from the contract or the model (``KNOWN``, D1..D9) the
+random tests steer clear of the case -- the script loses the response that would show it, or a
+run ends where the core fails the QP -- unless ``STELLAR_TB_KNOWN_<NAME>=1``; each has a
+``scenario``. ``model_receive`` works around a model defect (M1).
+
+Parameters (``STELLAR_TB_*``): ``width``, ``steps`` (events per test), ``pmtu``, ``pause``
+(backpressure probability on every stream), ``seed`` (the launcher's; ``STELLAR_SEED=<n>``
+replays a run), ``verbose`` (log every event), ``scenario``, ``known_<name>``.
 """
 
 import collections

@@ -1,7 +1,10 @@
 """cocotb + Verilator: one NIC core (``stellar_nic``) against the RC reference model
-(``stellar.sim.rcmodel``) on seeded random packet sequences, responder and requester side
-(:mod:`stellar.sim.tb_rcmodel`). ``STELLAR_SEED=<n>`` replays a seed (it is printed and named in
-any failure).
+(``stellar.sim.rcmodel``) on seeded random packet sequences, responder and requester side, at 64
+bits (256-byte MTU) and 512 bits (1024-byte MTU) (:mod:`stellar.sim.tb_rcmodel`).
+
+The seed is random per run, printed and named in any failure; ``STELLAR_SEED=<n>`` replays it,
+``STELLAR_TB_STEPS`` / ``STELLAR_TB_PMTU`` scale a run up for a longer hunt. The directed
+reproducers of the known divergences are skipped (see ``DIVERGENCES``).
 """
 
 import functools
