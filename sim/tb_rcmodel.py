@@ -29,7 +29,8 @@
                delay: the model's ``timeout()`` / ``rnr_expired()`` is called there and must then
                predict it). Completions (wr_id, status, opcode, order; byte_len of READs), READ
                data in host memory (content, each byte once) and the QP state are compared.
-``scenario``   Directed reproducers of the divergences in ``KNOWN`` (``STELLAR_TB_SCENARIO``).
+``scenario``   Directed reproducers of the divergences in ``KNOWN`` (``STELLAR_TB_SCENARIO``),
+               and regression tests of those fixed since (``FIXED``).
 
 Determinism. The core's answers must not depend on timing, so the testbench keeps the two
 worlds in step: a packet that makes the responder write memory is not fed while a READ response
@@ -40,7 +41,7 @@ once the transport has taken every response fed (its counters say so), and nothi
 the core's ACK or RNR timer could expire on the way (:class:`RtlTimer` keeps a lower bound of the
 deadline; when it is close the testbench waits for the expiry first).
 
-Divergences. Where the core departs from the contract or the model (``KNOWN``, D1..D9) the
+Divergences. Where the core departs from the contract or the model (``KNOWN``) the
 random tests steer clear of the case -- the script loses the response that would show it, or a
 run ends where the core fails the QP -- unless ``STELLAR_TB_KNOWN_<NAME>=1``; each has a
 ``scenario``. ``model_receive`` works around a model defect (M1).
@@ -110,10 +111,6 @@ PEER = SimpleNamespace(mac=0x02_00_00_00_00_C0, ip=0x0A_00_00_63)
 # of each (so a run passes) unless its switch STELLAR_TB_KNOWN_<NAME>=1 asks for it (the
 # reproducers in tests/cocotb/test_rcmodel_rtl.py).
 KNOWN = {
-    # D1 (RTL vs contract): a duplicate request with AckReq is re-ACKed, but the core does not
-    # reset its coalescing count (rcspec: "ack_count = 0 whenever an ACK or NAK is sent"), so
-    # its next coalesced ACK comes earlier than the contract's.
-    "dup_ack_count": "duplicate AckReq while ack_count > 0 (ack_coalesce > 1)",
     # D2 (RTL vs contract and model; the RTL's documented fix): an ACK/NAK past a READ whose
     # responses were lost rewinds the core only once until progress; the contract (and the
     # model) rewind on every such ACK. The script loses such a second ACK/NAK.
@@ -129,9 +126,6 @@ KNOWN = {
     # retransmission). The contract fails the QP at once (the model flushes the READ first).
     # The script loses such a NAK.
     "fatal_nak_past_read": "a fatal NAK past a READ whose responses were lost",
-    # D5 (contract silent; RTL and model differ): an AETH with a reserved syndrome (bits 6:5 =
-    # 10, or bit 7 set). Not generated unless asked for.
-    "reserved_syndrome": "ACKNOWLEDGE packets with reserved AETH syndromes",
     # D6 (RTL vs model; the RTL's documented fix, contract unclear): READ response positions.
     # The core takes FIRST/ONLY at any PSN of a READ and LAST/ONLY exactly for its last bytes
     # (MIDDLE/FIRST elsewhere); the model counts positions from the READ request it sent last.
@@ -142,7 +136,19 @@ KNOWN = {
     # highest PSN ever sent (hpsn), the contract's up to npsn; after a rewind the two differ.
     # The script loses a response the two would judge differently.
     "hpsn_window": "a response between npsn and the highest PSN sent",
+    # D8 (RTL vs contract and model): ack_coalesce 0. The contract ACKs every accepted packet
+    # then ("++ack_count >= 0"), so does the model; the core's CSR reads 0 as "only on AckReq".
+    # The random responder never uses 0.
+    "ack_coalesce_zero": "ack_coalesce 0",
 }
+
+
+# Found by these tests and fixed in the core since (their scenarios are regression tests now):
+# D1 a duplicate's re-ACK did not restart the ACK coalescing count (af93d95); D5 an AETH with
+# a reserved syndrome implicitly acknowledged PSN - 1 (af93d95: now ignored, as the model
+# does); D9 progress during an RNR wait re-armed the timer as an ACK timer, or disarmed it, and
+# the QP waited forever (b0a4cdf, 31badc7).
+FIXED = ("dup_ack_count", "reserved_syndrome", "rnr_progress")
 
 
 def known_cases():
@@ -742,7 +748,7 @@ class ResponderRun:
 
     async def feed(self, pkt, note="scripted"):
         """One request packet into the core and the model; returns the model's outputs."""
-        b, model, mtu, known = self.b, self.model, self.mtu, self.known
+        b, model, mtu = self.b, self.model, self.mtu
         if pkt.opcode == Opcode.READ_REQUEST and pkt.payload:
             # The packet engine drops it as malformed (the header table gives READ requests no
             # payload; DESIGN.md: bad input is dropped and counted) before the transport sees
@@ -750,15 +756,8 @@ class ResponderRun:
             out = []
             note = "malformed"
         else:
-            if (pkt.ackreq and model.ack_count and psn_diff(pkt.psn, model.epsn) >= PSN_MOD // 2
-                    and not known["dup_ack_count"]):
-                # D1 (see KNOWN): the core's re-ACK of a duplicate does not restart its count
-                pkt = copy.copy(pkt)
-                pkt.ackreq = False
-                note += ", AckReq cleared (D1)"
             out = model.receive(pkt, b.mr.check_packet)
-        self.stats[note.split(",")[0]] += 1
-        self.stats["D1_avoided"] += "D1" in note
+        self.stats[note] += 1
         b.note(f"fed {show(pkt)} ({note}) -> " + (", ".join(_out_str(o) for o in out) or "-"))
         writes = [o for o in out if isinstance(o, MemWrite)]
         reads_owed = lambda: any(p.opcode != Opcode.ACKNOWLEDGE for p, _ in self.exp_tx)  # noqa: E731
@@ -824,11 +823,13 @@ async def responder(dut):
     pmtu = PathMtu(tb_param("pmtu", int, 1))
     await b.start()
     near_wrap = rng.random() < 0.5
-    r = ResponderRun(b, pmtu=pmtu, ack_coalesce=rng.choice([1, 2, 3, 4, 16]),
+    known = known_cases()
+    coalesce = [1, 2, 3, 4, 16] + [0] * known["ack_coalesce_zero"]
+    r = ResponderRun(b, pmtu=pmtu, ack_coalesce=rng.choice(coalesce),
                      min_rnr=rng.randint(1, 31),
                      epsn=(PSN_MOD - rng.randint(1, 40)) if near_wrap else rng.randrange(PSN_MOD),
                      msn=rng.choice([0, rng.randrange(PSN_MOD), PSN_MOD - rng.randint(1, 20)]),
-                     known=known_cases())
+                     known=known)
     await r.setup()
     model, mtu = r.model, r.mtu
     drv = RequestDriver(rng, mtu, model.epsn, b.mr, model, r.known)
@@ -1154,8 +1155,8 @@ class RequesterRun:
                 # sends one; both complete as REM_OP_ERR)
                 rp.aeth = Aeth(nak_syndrome(rng.choice([NakCode.REM_OP, rng.randint(4, 31)])),
                                rp.aeth.msn)
-            if rp.opcode == Opcode.ACKNOWLEDGE and rng.random() < 0.01 \
-                    and self.known["reserved_syndrome"]:
+            if rp.opcode == Opcode.ACKNOWLEDGE and rng.random() < 0.01:
+                # a reserved syndrome (bits 6:5 = 10, or bit 7 set): ignored
                 rp.aeth = Aeth(rng.choice([0x40, 0x5F, 0x80, 0x9F, 0xE0]), rp.aeth.msn)
             if rng.random() < self.p_resp_drop:
                 stats["responses_lost"] += 1
@@ -1511,13 +1512,14 @@ def _wr(op, n, *, rkey=GOOD_RKEY, laddr=None, raddr=0x1000):
 
 
 async def _responder_d1(dut):
-    """D1: ack_coalesce 4. SEND_ONLY p (count 1); the same again with AckReq, a duplicate: ACK
-    p-... and, per the contract, the count restarts; WRITE_ONLY p+1..p+4 without AckReq: the
-    contract ACKs at p+4 (count 4), the core at p+3 (its count went on from 1)."""
+    """D1 (fixed): ack_coalesce 4. SEND_ONLY p (count 1); the same again with AckReq, a
+    duplicate: re-ACKed, and per the contract the count restarts; WRITE_ONLY p+1..p+4 without
+    AckReq: the contract ACKs at p+4 (count 4); the core used to ACK at p+3 (its count went on
+    from 1)."""
     b = Bench(dut, pause=0.0)
     await b.start()
     r = ResponderRun(b, pmtu=PathMtu.MTU_256, ack_coalesce=4, min_rnr=1, epsn=0x10, msn=0,
-                     known=dict(known_cases(), dup_ack_count=True))
+                     known=known_cases())
     await r.setup()
     await r.post_receives([1024])
     send = Packet(Opcode.SEND_ONLY, 0x10, payload=bytes(64))
@@ -1575,18 +1577,18 @@ def _requester_script(name, b):
                 "remote", "local", "local", "local", "local_hold", "local", "release", "local",
                 "remote_lose", "remote_lose", "timer", "settle"]
     if name == "reserved_syndrome":
-        # two WRITEs; the first one's ACK is lost; the second one's comes with a reserved
-        # syndrome (0x40): the core takes it as acknowledging PSN - 1 (the first WRITE
-        # completes), the model ignores the packet.
+        # D5 (fixed): two WRITEs; the first one's ACK is lost; the second one's comes with a
+        # reserved syndrome (0x40): the model ignores the packet; the core used to take it as
+        # acknowledging PSN - 1 (the first WRITE completed).
         return [("post", _wr(W, 32)), ("post", _wr(W, 32)), "remote", "remote", "local_lose",
                 ("mutate", 0x40), "local", "settle"]
     if name == "rnr_progress":
-        # A SEND finds no receive: RNR NAK, held up in the network; the ACK timer resends the
-        # SEND, which now finds a receive and is ACKed. The stale RNR NAK arrives first (rnr
-        # wait), then the ACK (progress, nothing outstanding). The core disarms its timer --
-        # the RNR delay's -- and stays in the RNR wait for good: the next work request is
-        # never sent. (The contract says "disarm if nothing outstanding" and is silent on the
-        # RNR wait; the model keeps the RNR delay running.)
+        # D9 (fixed): a SEND finds no receive: RNR NAK, held up in the network; the ACK timer
+        # resends the SEND, which now finds a receive and is ACKed. The stale RNR NAK arrives
+        # first (RNR wait), then the ACK (progress, nothing outstanding). The model keeps the
+        # RNR delay running and sends the next work request when it ends; the core used to
+        # disarm its timer -- the RNR delay's -- and stay in the RNR wait for good. (The
+        # contract says "disarm if nothing outstanding" and is silent on the RNR wait.)
         return [("post", _wr(WrOpcode.SEND, 32)), "remote", "local_hold", "timer", "remote_recv",
                 "remote", "release", "local", "local", ("post", _wr(W, 32)), "timer", "settle"]
     raise ValueError(name)
@@ -1595,7 +1597,7 @@ def _requester_script(name, b):
 @cocotb.test()
 async def scenario(dut):
     """A directed reproducer of one KNOWN divergence (``STELLAR_TB_SCENARIO``), run with that
-    case allowed: it fails where the core and the contract/model part."""
+    case allowed: it fails where the core and the contract/model part. Those in FIXED pass."""
     name = tb_param("scenario", str)
     if name == "dup_ack_count":
         await _responder_d1(dut)
@@ -1604,8 +1606,11 @@ async def scenario(dut):
         await _responder_d8(dut)
         return
     b = await requester_bench(dut, window=16, shift=3)
+    known = known_cases()
+    if name in known:
+        known[name] = True                      # the case is what the scenario is about
     r = await requester_run(b, retry_cnt=1 if name == "lost_read_retry" else 7, rnr_retry=7,
-                            sq_psn=0x100, known=dict(known_cases(), **{name: True}))
+                            sq_psn=0x100, known=known)
     r.clean = True
     r.remote.ack_coalesce = 1
     r.remote.min_rnr_timer = 14         # 1.28 ms: longer than a response takes to go in
