@@ -140,6 +140,12 @@ KNOWN = {
     # then ("++ack_count >= 0"), so does the model; the core's CSR reads 0 as "only on AckReq".
     # The random responder never uses 0.
     "ack_coalesce_zero": "ack_coalesce 0",
+    # D10 (RTL vs contract): a WRITE or READ whose [va, va + len) crosses a page of a
+    # page-list memory region is NAKed (remote access error): the transport counts the MR
+    # check's ``span`` (bytes contiguous from the first, up to the page end) short of the RETH
+    # length as a failure, though the region holds the whole range. The random tests use
+    # contiguous regions only.
+    "page_list_span": "RETH ranges crossing a page of a page-list region",
 }
 
 
@@ -178,18 +184,38 @@ class MrRef:
             return False, None
         if not (e["va"] <= va and va + length <= e["va"] + e["length"]):
             return False, None
-        return True, e["bus"] + (va - e["va"])
+        return True, self._bus(e, va)
+
+    @staticmethod
+    def _bus(e, va):
+        if "pages" not in e:
+            return e["bus"] + (va - e["va"])
+        shift = e["page_shift"]
+        off = va - e["va"] + (e["va"] & ((1 << shift) - 1))
+        return e["pages"][off >> shift] + (va & ((1 << shift) - 1))
+
+    def spans(self, va, n):
+        """``[(bus address, bytes)]`` covering ``[va, va + n)`` of the region holding ``va``
+        (one piece per page of a page-list region)."""
+        e = self._region(va)
+        out = []
+        while n > 0:
+            k = n if "pages" not in e else min(n, (1 << e["page_shift"])
+                                               - (va & ((1 << e["page_shift"]) - 1)))
+            out.append((self._bus(e, va), k))
+            va, n = va + k, n - k
+        return out
 
     def check_packet(self, pkt):
         """``mr_ok`` of ``ResponderModel.receive``: the RETH of a WRITE First/Only or READ."""
         access = Access.REMOTE_READ if pkt.opcode == Opcode.READ_REQUEST else Access.REMOTE_WRITE
         return self.lookup(pkt.reth.rkey, pkt.reth.va, pkt.reth.dma_len, access)[0]
 
-    def bus(self, va):
-        """Bus address of ``va`` in the one region holding it (regions' VA ranges are disjoint)."""
+    def _region(self, va):
+        """The one usable region holding ``va`` (the regions' VA ranges are disjoint)."""
         for e in self.entries.values():
             if e["va"] <= va < e["va"] + e["length"] and e["tenant"] == 0 and e["pd"] == 0:
-                return e["bus"] + (va - e["va"])
+                return e
         raise KeyError(f"va {va:#x} is in no region")
 
 
@@ -704,11 +730,10 @@ class ResponderRun:
             b.fail(f"core completed {c}\n  model completes {want}")
 
     def read_source(self, resp):
-        """READ responses read host memory at the bus address the region maps the va to."""
-        ok, bus = self.b.mr.lookup(resp.rkey, resp.va, resp.length, Access.REMOTE_READ)
-        assert ok, resp
-        base = bus if bus is not None else 0
-        return SimpleNamespace(read=lambda a, n: self.b.mirror.read(base + (a - resp.va), n))
+        """READ responses read host memory at the bus addresses the region maps the va to."""
+        b = self.b
+        return SimpleNamespace(read=lambda a, n: b"".join(
+            b.mirror.read(addr, k) for addr, k in b.mr.spans(a, n)))
 
     async def quiesce(self):
         """Every packet fed has been taken and answered."""
@@ -766,8 +791,13 @@ class ResponderRun:
             await b.wait_until(lambda: not reads_owed(), 100_000,
                                "READ responses before a memory write")
         for w in writes:
-            addr = w.addr if w.recv is not None else b.mr.bus(w.addr)
-            b.mirror.write(addr, w.data)
+            if w.recv is not None:
+                b.mirror.write(w.addr, w.data)
+                continue
+            k = 0
+            for addr, n in b.mr.spans(w.addr, len(w.data)):
+                b.mirror.write(addr, w.data[k:k + n])
+                k += n
         for o in out:
             if isinstance(o, Ack):
                 self.exp_tx.append((o.packet(REMOTE_QPN), show(pkt)))
@@ -1531,6 +1561,29 @@ async def _responder_d1(dut):
     await r.finish()
 
 
+async def _responder_d10(dut):
+    """D10: a page-list region of two 4 KiB pages (bus 0xD0000 and 0xE0000, not adjacent); a
+    WRITE_ONLY of 64 bytes across the page boundary, then a READ of the same bytes. The contract
+    accepts both (the region holds the range); the core NAKs them with a remote access error."""
+    b = Bench(dut, pause=0.0)
+    await b.start()
+    va = 0x2_0000_0000
+    pages = [0xD0000, 0xE0000]
+    key = await b.nic.tables.write_mr(6, tag=0x77, tenant=0, pd=0,
+                                      access=Access.REMOTE_WRITE | Access.REMOTE_READ, va=va,
+                                      length=0x2000, pages=pages, page_shift=12, pbl_index=8)
+    b.mr.entries[6] = dict(tag=0x77, tenant=0, pd=0, access=int(Access.REMOTE_WRITE
+                           | Access.REMOTE_READ), va=va, length=0x2000, pages=pages,
+                           page_shift=12)
+    r = ResponderRun(b, pmtu=PathMtu.MTU_256, ack_coalesce=1, min_rnr=1, epsn=0x10, msn=0,
+                     known=known_cases())
+    await r.setup()
+    await r.feed(Packet(Opcode.WRITE_ONLY, 0x10, ackreq=True, payload=bytes(range(64)),
+                        reth=Reth(va + 0xFE0, key, 64)))
+    await r.feed(Packet(Opcode.READ_REQUEST, 0x11, reth=Reth(va + 0xFE0, key, 64)))
+    await r.finish()
+
+
 async def _responder_d8(dut):
     """D8: ack_coalesce 0. The contract (and the model) ACK every accepted packet ("++ack_count
     >= 0"); the core's CSR reads 0 as "only on AckReq" and sends nothing for a WRITE_ONLY
@@ -1604,6 +1657,9 @@ async def scenario(dut):
         return
     if name == "ack_coalesce_zero":
         await _responder_d8(dut)
+        return
+    if name == "page_list_span":
+        await _responder_d10(dut)
         return
     b = await requester_bench(dut, window=16, shift=3)
     known = known_cases()

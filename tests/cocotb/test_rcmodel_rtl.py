@@ -56,6 +56,7 @@ DIVERGENCES = {
     "fatal_nak_past_read": "D4 RTL: a fatal NAK past a READ with lost responses only rewinds",
     "read_position": "D6 RTL (documented fix) vs model: stale READ responses after a re-request",
     "ack_coalesce_zero": "D8 RTL vs contract: ack_coalesce 0 means 'only on AckReq' in the RTL",
+    "page_list_span": "D10 RTL: a RETH range across a page of a page-list MR is NAKed",
 }
 
 
