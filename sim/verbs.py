@@ -19,6 +19,9 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from stellar.hdl.flow import fields
+from stellar.hdl.transport import formats
+
 __all__ = [
     "PSN_BITS", "PSN_MOD", "MAX_INLINE",
     "WrOpcode", "WcOpcode", "WcStatus", "QpState", "Opcode", "AckType", "NakCode",
@@ -33,71 +36,11 @@ PSN_MOD = 1 << PSN_BITS
 MAX_INLINE = 32     # bytes of inline data a work request may carry
 
 
-class WrOpcode(enum.IntEnum):
-    """``enum ibv_wr_opcode`` (the RC subset Stellar implements)."""
-    RDMA_WRITE = 0
-    RDMA_WRITE_WITH_IMM = 1
-    SEND = 2
-    SEND_WITH_IMM = 3
-    RDMA_READ = 4
-    SEND_WITH_INV = 9
-
-    @property
-    def is_send(self):
-        return self in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.SEND_WITH_INV)
-
-    @property
-    def is_write(self):
-        return self in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
-
-    @property
-    def is_read(self):
-        return self is WrOpcode.RDMA_READ
-
-    @property
-    def has_imm(self):
-        return self in (WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.SEND_WITH_IMM)
-
-    @property
-    def consumes_recv(self):
-        """The message consumes one receive WQE at the responder (SEND*, WRITE_WITH_IMM)."""
-        return self.is_send or self is WrOpcode.RDMA_WRITE_WITH_IMM
-
-
-class WcOpcode(enum.IntEnum):
-    """``enum ibv_wc_opcode``."""
-    SEND = 0
-    RDMA_WRITE = 1
-    RDMA_READ = 2
-    RECV = 128
-    RECV_RDMA_WITH_IMM = 129
-
-
-class WcStatus(enum.IntEnum):
-    """``enum ibv_wc_status`` (the values Stellar reports)."""
-    SUCCESS = 0
-    LOC_LEN_ERR = 1
-    LOC_QP_OP_ERR = 2
-    LOC_PROT_ERR = 4
-    WR_FLUSH_ERR = 5
-    BAD_RESP_ERR = 7
-    LOC_ACCESS_ERR = 8
-    REM_INV_REQ_ERR = 9
-    REM_ACCESS_ERR = 10
-    REM_OP_ERR = 11
-    RETRY_EXC_ERR = 12
-    RNR_RETRY_EXC_ERR = 13
-
-
-class QpState(enum.IntEnum):
-    """``enum ibv_qp_state`` (same values as ``stellar.hdl.flow.fields.QpState``)."""
-    RESET = 0
-    INIT = 1
-    RTR = 2
-    RTS = 3
-    SQD = 4
-    SQE = 5
-    ERROR = 6
+# One source of truth: the enums the gateware's formats use (rdma-core values).
+WrOpcode = formats.WrOpcode
+WcOpcode = formats.WcOpcode
+WcStatus = formats.WcStatus
+QpState = fields.QpState
 
 
 def wc_opcode(op):

@@ -32,6 +32,27 @@ class WrOpcode(enum.IntEnum):
     RDMA_READ = 4
     SEND_WITH_INV = 9
 
+    @property
+    def is_send(self):
+        return self in (WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.SEND_WITH_INV)
+
+    @property
+    def is_write(self):
+        return self in (WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM)
+
+    @property
+    def is_read(self):
+        return self is WrOpcode.RDMA_READ
+
+    @property
+    def has_imm(self):
+        return self in (WrOpcode.RDMA_WRITE_WITH_IMM, WrOpcode.SEND_WITH_IMM)
+
+    @property
+    def consumes_recv(self):
+        """The message consumes one receive WQE at the responder (SEND*, WRITE_WITH_IMM)."""
+        return self.is_send or self is WrOpcode.RDMA_WRITE_WITH_IMM
+
 
 class WcOpcode(enum.IntEnum):
     """``enum ibv_wc_opcode``."""
