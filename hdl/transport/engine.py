@@ -95,7 +95,6 @@ from .formats import (
     COMPLETION,
     INLINE_MAX,
     RECV_REQUEST,
-    RNR_TIMER_US,
     WORK_REQUEST,
     NakCode,
     RcOpcode,
@@ -106,6 +105,7 @@ from .formats import (
     ack_syndrome,
     nak_syndrome,
     rnr_syndrome,
+    rnr_ticks,
 )
 from .txbuild import PayloadSrc, gid_layout, tx_desc_layout
 
@@ -136,10 +136,6 @@ class _InMsg(enum.Enum, shape=2):
     NONE = 0
     SEND = 1
     WRITE = 2
-
-
-def _rnr_tick_table(tick_us=4.096):
-    return [-(-int(us * 1000) // int(tick_us * 1000)) for us in RNR_TIMER_US]
 
 
 class RcTransport(wiring.Component):
@@ -1200,7 +1196,7 @@ class RcTransport(wiring.Component):
                         with m.Else():
                             ticks = Signal(32)
                             with m.Switch(v.syn[0:5]):
-                                for code, n in enumerate(_rnr_tick_table()):
+                                for code, n in enumerate(rnr_ticks(c) for c in range(32)):
                                     with m.Case(code):
                                         m.d.comb += ticks.eq(n)
                             m.d.comb += [
