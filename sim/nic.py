@@ -27,7 +27,7 @@ from stellar.hdl.regmap import REGMAP
 from stellar.hdl.transport.formats import COMPLETION, RECV_REQUEST, WORK_REQUEST
 
 from .hostmem import RecordingAxiRam
-from .tb import pause_generator
+from .tb import AxilRegs, pause_generator
 from .verbs import Completion, WcOpcode, WcStatus
 
 __all__ = ["SimNic", "QpConfig", "AxilRegs", "MR_INDEX", "MR_TAG"]
@@ -35,19 +35,6 @@ __all__ = ["SimNic", "QpConfig", "AxilRegs", "MR_INDEX", "MR_TAG"]
 MR_INDEX = 1
 MR_TAG = 0x5A
 WR_BYTES, RR_BYTES, CQ_BYTES = 72, 24, 24
-
-
-class AxilRegs:
-    """``read32``/``write32`` over cocotbext-axi's AXI4-Lite master: the driver's device view."""
-
-    def __init__(self, axil):
-        self.axil = axil
-
-    async def read32(self, offset):
-        return await self.axil.read_dword(offset)
-
-    async def write32(self, offset, value):
-        await self.axil.write_dword(offset, value)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 
 from .runner import TB_ENV_PREFIX
 
-__all__ = ["TB", "pause_generator", "tb_param"]
+__all__ = ["TB", "AxilRegs", "pause_generator", "tb_param"]
 
 T = TypeVar("T")
 _UNSET = object()
@@ -118,3 +118,16 @@ class TB:
     async def cycles(self, count: int) -> None:
         """Wait ``count`` rising edges of ``clk``."""
         await ClockCycles(self.dut.clk, count)
+
+
+class AxilRegs:
+    """``read32``/``write32`` over cocotbext-axi's AXI4-Lite master: the driver's device view."""
+
+    def __init__(self, axil):
+        self.axil = axil
+
+    async def read32(self, offset):
+        return await self.axil.read_dword(offset)
+
+    async def write32(self, offset, value):
+        await self.axil.write_dword(offset, value)

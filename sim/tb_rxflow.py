@@ -41,24 +41,11 @@ from .flowmodel import (
     default_world,
     random_trace,
 )
-from .tb import TB, pause_generator, tb_param
+from .tb import TB, AxilRegs, pause_generator, tb_param
 
 BLOCK_COUNTERS = {b: [r.name for r in REGMAP.block(b).counters] for b in ("pktengine", "flow", "mr")}
 VERDICT_COUNTER = {1: "flow.rx_drop_tenant", 2: "flow.rx_drop_unknown_qp", 3: "mr.rx_drop_rkey",
                    4: "mr.rx_drop_access", 5: "mr.rx_drop_bounds"}
-
-
-class AxilRegs:
-    """``read32``/``write32`` over cocotbext-axi's AXI4-Lite master: the driver's device view."""
-
-    def __init__(self, axil):
-        self.axil = axil
-
-    async def read32(self, offset):
-        return await self.axil.read_dword(offset)
-
-    async def write32(self, offset, value):
-        await self.axil.write_dword(offset, value)
 
 
 class RxFlowTB(TB):
