@@ -77,6 +77,7 @@ __all__ = [
     "encode_version", "decode_version", "encode_feature", "decode_feature",
     "pktengine_block", "pktengine_config", "flow_block", "flow_config", "qpctx_block",
     "qpctx_config", "mr_block", "mr_config", "transport_block", "transport_config", "GIDS",
+    "FEATURE_TRANSPORT", "FEATURE_CC", "cc_block", "cc_config", "CC_CLASSES",
     "BLOCKS", "REGMAP",
 ]
 
@@ -97,6 +98,7 @@ FEATURE_FLOW = 2
 FEATURE_QPCTX = 3
 FEATURE_MR = 4
 FEATURE_TRANSPORT = 5
+FEATURE_CC = 6
 
 FEATURE_NAMES = {
     FEATURE_PKTENGINE: "pktengine",
@@ -104,6 +106,7 @@ FEATURE_NAMES = {
     FEATURE_QPCTX: "qpctx",
     FEATURE_MR: "mr",
     FEATURE_TRANSPORT: "transport",
+    FEATURE_CC: "cc",
 }
 
 
@@ -623,6 +626,107 @@ def transport_block(name="transport", base=0x0500):
     ], feature=FEATURE_TRANSPORT)
 
 
+CC_CLASSES = 8      # traffic classes (the QP's sl selects one)
+
+
+def cc_config(qps, tenants, classes=CC_CLASSES):
+    return _log2(qps) | (_log2(tenants) << 8) | (classes << 16)
+
+
+def _fm_norm_default():
+    from .cc.sigmoid import fm_norm   # pure Python, like this module
+    return fm_norm(_FM_C)
+
+
+_FM_C = round(0.5 * 256)
+
+
+def cc_block(name="cc", base=0x0600):
+    """Congestion control and QoS (stellar.hdl.cc): notification point, reaction point, scheduler."""
+    def rw(reg, offset, width, init, doc):
+        return Register(reg, offset, width, "rw", doc, init=init)
+    return Block(name, base, 1, "Congestion control and QoS (stellar.hdl.cc). Notification point: a "
+                 "received RoCE packet marked ECN CE makes the NIC send a CNP to the sending QP, at "
+                 "most one per QP per cnp_interval_us. Reaction point: per-QP DCQCN (or the "
+                 "experimental FlowMatrix update) sets the QP's pacing rate; the TX scheduler serves "
+                 "traffic classes by strict priority (class = the QP's sl, 7 highest), QPs inside a "
+                 "class by weighted round robin, and holds each QP to its pacer and each tenant to "
+                 "its token buckets. Rates are in Mb/s (bits per microsecond); the rate parameters "
+                 "follow ConnectX firmware names (RPG_*).", [
+        Register("config", 0x00, 32, "ro", "Build configuration: bits 7:0 log2(QPs), 15:8 "
+                 "log2(tenants), 23:16 traffic classes."),
+        _clear(),
+        rw("us_cycles", 0x08, 16, 250, "Clock cycles per microsecond (the time base of every "
+           "timer and rate below; 250 at 250 MHz)."),
+        rw("cnp_interval_us", 0x0C, 16, 50, "Notification point: at most one CNP per QP per this "
+           "many microseconds (ConnectX min_time_between_cnps)."),
+        rw("cnp_marking", 0x10, 11, 48 | (6 << 8), "CNP marking: bits 5:0 DSCP (48), 10:8 802.1p "
+           "priority (6), as ConnectX cnp_dscp / cnp_802p_prio. CNPs are sent Not-ECT."),
+        rw("max_rate", 0x14, 20, 0, "Reaction point: line rate in Mb/s, the highest rate and the "
+           "rate a QP starts at. 0: the datapath's rate, data width x us_cycles."),
+        rw("min_rate", 0x18, 20, 1, "RPG_MIN_RATE: lowest rate in Mb/s."),
+        rw("ai_rate", 0x1C, 20, 5, "RPG_AI_RATE: additive increase of the target rate, Mb/s."),
+        rw("hai_rate", 0x20, 20, 50, "RPG_HAI_RATE: hyper increase step, Mb/s."),
+        rw("gd", 0x24, 4, 11, "RPG_GD: on a CNP the rate drops by rate x alpha / 2**gd with alpha "
+           "in 1/1024 units (11: rate x (1 - alpha/2), DCQCN)."),
+        rw("min_dec_fac", 0x28, 7, 50, "RPG_MIN_DEC_FAC: a CNP leaves at least this percentage of "
+           "the rate."),
+        rw("threshold", 0x2C, 4, 5, "RPG_THRESHOLD (F): increase events of the timer and the byte "
+           "counter before fast recovery gives way to additive (one of them past F) and hyper "
+           "increase (both past F)."),
+        rw("g_shift", 0x30, 4, 8, "Alpha gain g = 2**-g_shift (DCE_TCP_G; 8: g = 1/256)."),
+        rw("initial_alpha", 0x34, 10, 1023, "Alpha of a QP at setup, 1/1024 units (1023 ~ 1)."),
+        rw("time_reset", 0x38, 16, 300, "RPG_TIME_RESET: rate-increase timer period, us."),
+        rw("byte_reset", 0x3C, 24, 32767, "RPG_BYTE_RESET: rate-increase byte counter, bytes."),
+        rw("alpha_period", 0x40, 16, 55, "Alpha update period, us (alpha decays by (1 - g) each "
+           "period without a CNP; DCE_TCP_RTT)."),
+        rw("fm_a", 0x44, 16, round(0.7 * 65536), "FlowMatrix (experimental) a, Q0.16 (0.7)."),
+        rw("fm_b", 0x48, 16, round(0.3 * 256), "FlowMatrix b, Q8.8 (0.3)."),
+        rw("fm_c", 0x4C, 16, _FM_C, "FlowMatrix c, signed Q8.8 (0.5)."),
+        rw("fm_period", 0x50, 16, 10, "FlowMatrix weight update period, us."),
+        rw("fm_cnp_gain", 0x54, 16, 256, "FlowMatrix congestion signal per CNP in a period, Q8.8."),
+        rw("fm_trend_gain", 0x58, 16, 32, "FlowMatrix congestion signal per PSN of growth of the "
+           "QP's in-flight packets over a period (the early warning), Q8.8."),
+        rw("fm_norm", 0x5C, 32, _fm_norm_default(), "FlowMatrix rate normalisation, Q16.16: "
+           "2**32 / (65536 - sigmoid(c)), so that no congestion signal means the line rate "
+           "(stellar.hdl.cc.sigmoid.fm_norm; rewrite it with fm_c)."),
+        rw("qp_burst", 0x60, 24, 16384, "Pacer bucket depth of every QP, bytes."),
+        rw("pace_overhead", 0x64, 8, 82, "Bytes charged per packet on top of its payload (Ethernet, "
+           "IPv4, UDP, BTH, ICRC, FCS, preamble and inter-frame gap: 82)."),
+        *[rw(f"tc{i}", 0x70 + 4 * i, 10, 0, f"Traffic class {i}: bits 5:0 DSCP, 8:6 802.1p "
+             "priority, bit 9 = use them on transmit instead of the QP's traffic_class/sl.")
+          for i in range(CC_CLASSES)],
+        rw("tenant_index", 0x90, TENANT_BITS, 0, "Tenant bucket window: tenant to configure."),
+        rw("tenant_cap_rate", 0x94, 20, 0, "Tenant cap: rate in Mb/s the tenant's QPs together may "
+           "not exceed (0 = no cap)."),
+        rw("tenant_cap_burst", 0x98, 24, 16384, "Tenant cap bucket depth, bytes."),
+        rw("tenant_guar_rate", 0x9C, 20, 0, "Tenant guarantee: rate in Mb/s served before other "
+           "tenants of the same class (0 = none)."),
+        rw("tenant_guar_burst", 0xA0, 24, 16384, "Tenant guarantee bucket depth, bytes."),
+        Register("tenant_command", 0xA4, 1, "command", "Write 1: load the tenant_* values into the "
+                 "bucket of tenant_index (buckets start full)."),
+        rw("qp_index", 0xA8, 16, 0, "Reaction-point window: QP index whose state qp_* shows."),
+        Register("qp_rate", 0xAC, 20, "ro", "Current rate Rc of QP qp_index, Mb/s."),
+        Register("qp_target", 0xB0, 20, "ro", "Target rate Rt of QP qp_index, Mb/s."),
+        Register("qp_alpha", 0xB4, 20, "ro", "Alpha of QP qp_index, 1.0 = 2**20 (FlowMatrix: the "
+                 "weight W, Q0.16)."),
+        Register("qp_flags", 0xB8, 32, "ro", "QP qp_index: bits 1:0 mode, 2 active (rate limited), "
+                 "15:8 timer stage, 23:16 byte stage."),
+        Register("cycle", 0xC0, 32, "ro", "Free-running clock-cycle counter."),
+        Register("cnp_stamp", 0xC4, 32, "ro", "cycle of the last CNP the reaction point took."),
+        Register("rate_stamp", 0xC8, 32, "ro", "cycle at which the rate that CNP set reached the "
+                 "pacer (rate_stamp - cnp_stamp: CNP-to-rate latency)."),
+        _counter("rx_ce", 0xD0, "RoCE packets received with ECN CE."),
+        _counter("cnp_sent", 0xD4, "CNPs sent (notification point)."),
+        _counter("cnp_suppressed", 0xD8, "CE packets that sent no CNP (interval not elapsed)."),
+        _counter("cnp_received", 0xDC, "CNPs received for a local QP (reaction point)."),
+        _counter("rate_updates", 0xE0, "Rates the reaction point sent to the pacers."),
+        _counter("stall_pacer", 0xE4, "Scheduler: a QP skipped, its pacer out of tokens."),
+        _counter("stall_tenant", 0xE8, "Scheduler: a QP skipped, its tenant over its cap."),
+        _counter("sched_pops", 0xEC, "Scheduler: packets scheduled."),
+    ], feature=FEATURE_CC)
+
+
 # Every feature block of the design, in any order. New blocks are appended here.
 BLOCKS = [
     pktengine_block(),
@@ -630,6 +734,7 @@ BLOCKS = [
     qpctx_block(),
     mr_block(),
     transport_block(),
+    cc_block(),
 ]
 
 REGMAP = RegisterMap(BLOCKS)

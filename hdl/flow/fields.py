@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "TENANT_BITS", "QPN_BITS", "PD_BITS", "PSN_BITS", "KEY_TAG_BITS",
-    "QpState", "PathMtu", "Access", "MrReason", "FlowStatus", "FlowOp",
+    "QpState", "PathMtu", "Access", "MrReason", "FlowStatus", "FlowOp", "CcMode",
     "Field", "FieldTable", "QP_CONTEXT", "MR_ENTRY", "FLOW_KEY",
     "mtu_bytes", "make_key", "split_key", "flow_key",
 ]
@@ -165,6 +165,13 @@ class FieldTable:
         return "\n".join(lines)
 
 
+class CcMode(enum.IntEnum):
+    """Per-QP rate control (``cc_mode`` of the QP context; ``stellar.hdl.cc``)."""
+    NONE = 0        # no reaction point: only the traffic class and tenant buckets limit the QP
+    DCQCN = 1       # DCQCN reaction point (per-QP rate, target rate, alpha, timers, byte counter)
+    FLOWMATRIX = 2  # experimental FlowMatrix weight update (sigmoid of the congestion signal)
+
+
 QP_CONTEXT = FieldTable("qp_context", [
     ("state", 3, "QpState (ibv_qp_state values)"),
     ("tenant", TENANT_BITS, "tenant owning the QP (must match the packet's VLAN tenant and the MR's)"),
@@ -189,7 +196,10 @@ QP_CONTEXT = FieldTable("qp_context", [
     ("udp_sport", 16, "UDP source port on transmit (ECMP entropy)"),
     ("sl", 3, "service level: 802.1p priority on transmit"),
     ("tx_vlan", 13, "transmit VLAN tag: bit 12 set = tagged with VID bits 11:0 (PCP = sl); 0 = untagged"),
-    ("cc", 64, "reserved for the congestion-control state (DCQCN / pacing); zero until used"),
+    ("cc_mode", 2, "rate control (CcMode): 0 none (class and tenant limits only), 1 DCQCN, "
+                   "2 FlowMatrix (experimental)"),
+    ("weight", 8, "weighted-round-robin share inside the QP's traffic class (sl); 0 acts as 1"),
+    ("cc", 54, "reserved; zero"),
 ], "Per-QP state, read at lookup and written back by the transport (one word per QP index).")
 
 

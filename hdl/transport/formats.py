@@ -16,7 +16,7 @@ __all__ = [
     "WrOpcode", "WcOpcode", "WcStatus", "Syndrome", "NakCode", "RcOpcode",
     "WORK_REQUEST", "RECV_REQUEST", "COMPLETION", "INLINE_MAX", "RNR_TIMER_US",
     "rnr_ticks", "ack_syndrome", "rnr_syndrome", "nak_syndrome", "psn_diff", "psn_ahead",
-    "PSN_MASK",
+    "PSN_MASK", "CNP_OPCODE",
 ]
 
 PSN_MASK = (1 << PSN_BITS) - 1
@@ -101,6 +101,10 @@ class RcOpcode(enum.IntEnum):
     ACKNOWLEDGE = 0x11
     SEND_LAST_INV = 0x16
     SEND_ONLY_INV = 0x17
+
+
+CNP_OPCODE = 0x81
+"""BTH opcode of the RoCEv2 Congestion Notification Packet (IBTA Annex A17.9.3)."""
 
 
 class Syndrome(enum.IntEnum):

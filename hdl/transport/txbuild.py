@@ -27,6 +27,9 @@ ctx_addr    Out  QP index to read the transmit context of (a synchronous read po
 ctx_en      Out  read enable
 ctx_data    In   the QP context (``qp_context_layout``)
 gid         In   array of ``GIDS`` x ``gid_layout`` (source MAC, IP, IPv6 flag)
+tc_mark     In   array of ``CLASSES`` x ``marking_layout``: per traffic class (the QP's ``sl``), DSCP
+                 and PCP that replace the QP's own when ``en`` is set (ECN bits stay the QP's)
+cnp_mark    In   ``marking_layout`` of CNPs (opcode 0x81: BECN set, ECN Not-ECT, 16 zero bytes)
 dma_cmd     Out  stream ``{addr: 64, len: 16}``: payload reads (commands with len > 0 only)
 dma_data    In   stream of beats: the payload of each DMA command, aligned to lane 0
 o_meta      Out  stream of ``record_layout()`` (to ``Deparser.i_meta``)
@@ -43,9 +46,10 @@ from amaranth.lib.wiring import In, Out
 from ..flow.layouts import qp_context_layout
 from ..net.layout import beat_layout, record_layout
 from ..regmap import GIDS
-from .formats import INLINE_MAX
+from .formats import CNP_OPCODE, INLINE_MAX
 
-__all__ = ["PayloadSrc", "tx_desc_layout", "gid_layout", "TxBuilder", "MAX_PLEN_BITS"]
+__all__ = ["PayloadSrc", "tx_desc_layout", "gid_layout", "marking_layout", "CLASSES", "TxBuilder",
+           "MAX_PLEN_BITS"]
 
 MAX_PLEN_BITS = 13   # payload bytes per packet: up to 4096 (path MTU)
 
@@ -80,6 +84,14 @@ def gid_layout():
     return data.StructLayout({"mac": 48, "ip": 128, "ipv6": 1})
 
 
+def marking_layout():
+    """DSCP and 802.1p priority written into a packet's headers (``en`` = 1: override the QP's)."""
+    return data.StructLayout({"dscp": 6, "pcp": 3, "en": 1})
+
+
+CLASSES = 8   # traffic classes: the QP's ``sl`` (802.1p priority) selects one
+
+
 def _src_entry_layout():
     return data.StructLayout({"src": PayloadSrc, "plen": MAX_PLEN_BITS, "inline": INLINE_MAX * 8})
 
@@ -95,6 +107,8 @@ class TxBuilder(wiring.Component):
             "ctx_en":   Out(1),
             "ctx_data": In(qp_context_layout()),
             "gid":      In(data.ArrayLayout(gid_layout(), GIDS)),
+            "tc_mark":  In(data.ArrayLayout(marking_layout(), CLASSES)),
+            "cnp_mark": In(marking_layout()),
             "dma_cmd":  Out(stream.Signature(data.StructLayout({"addr": 64, "len": 16}))),
             "dma_data": In(stream.Signature(beat)),
             "o_meta":   Out(stream.Signature(record_layout())),
@@ -138,24 +152,41 @@ class TxBuilder(wiring.Component):
                 with m.Case(i):
                     m.d.comb += gid.eq(self.gid[i])
         r = Signal(rec_l)
-        tc = ctx.traffic_class
+        # DSCP / 802.1p priority: the QP's own (traffic_class, sl), its traffic class's marking
+        # when that is enabled, or the CNP marking for CNPs (never ECN-capable: a switch must not
+        # mark the notification itself).
+        cnp = Signal()
+        m.d.comb += cnp.eq(s1.opcode == CNP_OPCODE)
+        tcm = Signal(marking_layout())
+        with m.Switch(ctx.sl):
+            for i in range(CLASSES):
+                with m.Case(i):
+                    m.d.comb += tcm.eq(self.tc_mark[i])
+        dscp, ecn, pcp = Signal(6), Signal(2), Signal(3)
+        with m.If(cnp):
+            m.d.comb += [dscp.eq(self.cnp_mark.dscp), ecn.eq(0), pcp.eq(self.cnp_mark.pcp)]
+        with m.Elif(tcm.en):
+            m.d.comb += [dscp.eq(tcm.dscp), ecn.eq(ctx.traffic_class[0:2]), pcp.eq(tcm.pcp)]
+        with m.Else():
+            m.d.comb += [dscp.eq(ctx.traffic_class[2:8]), ecn.eq(ctx.traffic_class[0:2]),
+                         pcp.eq(ctx.sl)]
         m.d.comb += [
             r.roce.eq(1),
             r.eth_dst.eq(ctx.dst_mac),
             r.eth_src.eq(gid.mac),
             r.vlan.eq(ctx.tx_vlan[12]),
             r.vlan_vid.eq(ctx.tx_vlan[:12]),
-            r.vlan_pcp.eq(ctx.sl),
+            r.vlan_pcp.eq(pcp),
             r.ipv6.eq(ctx.ipv6),
             r.ipv4_ihl.eq(5),
-            r.ipv4_dscp.eq(tc[2:8]),
-            r.ipv4_ecn.eq(tc[0:2]),
+            r.ipv4_dscp.eq(dscp),
+            r.ipv4_ecn.eq(ecn),
             r.ipv4_flags.eq(0b010),          # don't fragment, as RoCE NICs send
             r.ipv4_ttl.eq(ctx.hop_limit),
             r.ipv4_src.eq(gid.ip[:32]),
             r.ipv4_dst.eq(ctx.dst_ip[:32]),
-            r.ipv6_dscp.eq(tc[2:8]),
-            r.ipv6_ecn.eq(tc[0:2]),
+            r.ipv6_dscp.eq(dscp),
+            r.ipv6_ecn.eq(ecn),
             r.ipv6_flow_label.eq(ctx.flow_label),
             r.ipv6_hop_limit.eq(ctx.hop_limit),
             r.ipv6_src.eq(gid.ip),
@@ -165,6 +196,7 @@ class TxBuilder(wiring.Component):
             r.bth_pkey.eq(ctx.pkey),
             r.bth_dest_qp.eq(ctx.remote_qpn),
             r.bth_ackreq.eq(s1.ackreq),
+            r.bth_becn.eq(cnp),
             r.bth_psn.eq(s1.psn),
             r.reth_va.eq(s1.va),
             r.reth_rkey.eq(s1.rkey),
