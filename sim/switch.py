@@ -1,6 +1,9 @@
 # Ref: IEEE 802.3 clause 3-4 (preamble, SFD, FCS, inter-frame gap); IEEE 802.1Q; RFC 791 (IPv4);
 #      RFC 8200 (IPv6); RFC 3168 (ECN field, CE marking); RFC 1624 (incremental checksum update);
-#      IBTA Vol 1 Annex A17 "RoCEv2" (UDP 4791, ICRC coverage and masked fields, A17.8).
+#      IBTA Vol 1 Annex A17 "RoCEv2" (UDP 4791, ICRC coverage and masked fields, A17.8);
+#      Zhu et al., "Congestion Control for Large-Scale RDMA Deployments", SIGCOMM 2015 (DCQCN:
+#      RED-style ECN marking on the instantaneous egress queue, Kmin/Kmax/Pmax);
+#      Jain, Chiu, Hawe, DEC-TR-301, 1984 (fairness index).
 """A network switch model for two-NIC simulations: one impaired link per direction.
 
 Between the two cores of a cocotb testbench (``a_m_axis_tx`` -> ``b_s_axis_rx`` and back) each
@@ -51,6 +54,36 @@ frames: the next frame then waits for the stream (``s_i`` moves to that edge). I
 stalls ``tready`` (a real MAC could not), frames leave late; the schedule continues from where
 they actually left and ``late_cycles`` adds up the delay.
 
+Output queue. Each link is also the output port of a switch: the frames that arrived and have
+not finished leaving the wire form its queue. The *occupancy* ``q(t)`` at cycle ``t`` is the sum
+of the wire bytes (``L + overhead``, the overhead of the configuration in force when the frame
+arrived) of the frame copies accepted at an arrival edge ``<= t`` whose wire end ``s_i + wire_i``
+(exact, a ``Fraction``) is still ``> t``; a frame counts with all its wire bytes from its arrival
+(propagation ``delay``, jitter and reorder holds included) until its last bit left the wire, and
+a frame not yet scheduled (waiting in the queue or held back) has not finished. An arriving
+frame sees ``q`` of its arrival edge without itself (``FrameRecord.queue``); frames that arrived
+at the same edge before it count, frames that end exactly at that edge do not.
+
+* RED/ECN (DCQCN-style, on that instantaneous ``q``): with ``red_kmin``/``red_kmax`` set, an ECT
+  frame is marked CE with probability 0 if ``q <= kmin``, ``pmax * (q - kmin) / (kmax - kmin)``
+  if ``kmin < q <= kmax`` and 1 if ``q > kmax`` (:func:`red_probability`); the RFC 3168 rules and
+  the checksum update are those of ``ecn_mark``. The draw comes from a second generator seeded
+  from the link's seed (one uniform per arriving frame, RED on or off), so turning RED on or
+  changing its parameters leaves every other impairment decision unchanged. A frame marked for
+  any reason counts in ``ecn_marked``; one whose RED draw marked it also in ``ecn_marked_red``.
+* ``queue_limit`` (bytes): a copy whose wire bytes would make ``q`` exceed it is tail-dropped
+  (``queue_dropped``, action ``qdrop``; random ``drop`` is counted apart). A *lossless* run has
+  ``dropped == queue_dropped == 0``.
+* Statistics (:meth:`LinkModel.queue_stats` -> :class:`QueueStats`): peak occupancy, the
+  time-weighted mean of ``q`` from the first arrival (or :meth:`LinkModel.reset_queue_stats`) to
+  a given cycle, and a time series of ``(cycle, q)`` recorded at every change (arrival: up, wire
+  end: down), decimated by two whenever it would exceed ``queue_samples`` points.
+
+Throughput per flow: :class:`FlowMonitor` bins the bytes of departed frames by flow (BTH
+destination QP, or any key of the :class:`FrameRecord`) into windows of ``W`` cycles and gives
+Mb/s per window; it reads a link's history or is called by the link at every departure
+(``add_monitor``). :func:`jain` is Jain's fairness index of a list of rates.
+
 Frames are parsed by a hand-written header walk (:func:`walk`: Ethernet, one optional 802.1Q
 tag, IPv4 with options or IPv6, UDP 4791, BTH), field offsets from ``stellar.hdl.net.headers``;
 scapy would cost milliseconds per frame. Everything except :class:`Link`, :class:`Switch` and
@@ -73,7 +106,8 @@ from stellar.hdl.net import headers as H
 __all__ = [
     "LinkConfig", "LinkCounters", "FrameRecord", "FrameInfo", "LinkModel", "Link", "Switch",
     "ClockTimebase", "walk", "bth_opcode", "bth_dest_qp", "bth_psn", "ecn_field", "mark_ce",
-    "flip_icrc_bit", "MIN_DELAY", "DEFAULT_OVERHEAD",
+    "flip_icrc_bit", "MIN_DELAY", "DEFAULT_OVERHEAD", "QueueStats", "FlowMonitor", "jain",
+    "red_probability",
 ]
 
 # Preamble + SFD (8), FCS (4), minimum inter-frame gap (12): wire bytes a stream frame lacks.
@@ -265,6 +299,11 @@ class LinkConfig:
     ``overhead``: wire bytes per frame not on the stream (preamble+SFD 8, FCS 4, IFG 12).
     ``ecn_threshold``: mark ECT frames that queue behind more than this many wire bytes (None: off).
     ``seed``: the link's random seed; None: derived from cocotb's seed and the link name.
+    ``red_kmin``, ``red_kmax``: RED marking thresholds on the queue occupancy in wire bytes
+    (both None: RED off; ``0 <= kmin <= kmax``); ``red_pmax``: marking probability at ``kmax``
+    (default 0.01, DCQCN's recommendation).
+    ``queue_limit``: tail-drop a frame that would take the occupancy above this many wire bytes
+    (None: unlimited).
     """
     drop: float = 0.0
     duplicate: float = 0.0
@@ -279,9 +318,13 @@ class LinkConfig:
     overhead: int = DEFAULT_OVERHEAD
     ecn_threshold: int | None = None
     seed: int | None = None
+    red_kmin: int | None = None
+    red_kmax: int | None = None
+    red_pmax: float = 0.01
+    queue_limit: int | None = None
 
     def __post_init__(self):
-        for name in ("drop", "duplicate", "reorder", "corrupt", "ecn_mark"):
+        for name in ("drop", "duplicate", "reorder", "corrupt", "ecn_mark", "red_pmax"):
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"LinkConfig.{name}={p} is not a probability")
@@ -292,17 +335,36 @@ class LinkConfig:
             raise ValueError(f"LinkConfig.reorder_depth={self.reorder_depth} must be >= 1")
         if self.bytes_per_cycle is not None and Fraction(self.bytes_per_cycle) <= 0:
             raise ValueError(f"LinkConfig.bytes_per_cycle={self.bytes_per_cycle} must be > 0")
+        if (self.red_kmin is None) != (self.red_kmax is None):
+            raise ValueError("LinkConfig.red_kmin and red_kmax are set together (or neither)")
+        if self.red_kmin is not None and not 0 <= self.red_kmin <= self.red_kmax:
+            raise ValueError(f"LinkConfig: need 0 <= red_kmin={self.red_kmin} <= red_kmax={self.red_kmax}")
+        if self.queue_limit is not None and self.queue_limit < 0:
+            raise ValueError(f"LinkConfig.queue_limit={self.queue_limit} must be >= 0")
+
+
+def red_probability(q, kmin, kmax, pmax):
+    """RED/DCQCN marking probability of an ECT frame that finds ``q`` bytes queued: 0 up to
+    ``kmin``, rising linearly to ``pmax`` at ``kmax`` (inclusive), 1 above ``kmax``."""
+    if q <= kmin:
+        return 0.0
+    if q <= kmax:
+        return pmax * (q - kmin) / (kmax - kmin)
+    return 1.0
 
 
 COUNTER_NAMES = ("frames_in", "frames_out", "bytes_in", "bytes_out", "dropped", "duplicated",
-                 "reordered", "corrupted", "ecn_marked", "cut_dropped")
+                 "reordered", "corrupted", "ecn_marked", "cut_dropped", "queue_dropped",
+                 "ecn_marked_red")
 
 
 @dataclasses.dataclass
 class LinkCounters:
     """What one link did. ``frames_out``/``bytes_out`` count frames handed to the receiver
     (duplicates twice); ``reordered`` counts frames that at least one later frame overtook;
-    ``late_cycles`` adds up how much later than scheduled frames left (receiver stalls)."""
+    ``late_cycles`` adds up how much later than scheduled frames left (receiver stalls);
+    ``queue_dropped`` counts frame copies tail-dropped by ``queue_limit`` (``dropped``: the
+    random ones); ``ecn_marked_red`` the marks decided by the RED draw (also in ``ecn_marked``)."""
     frames_in: int = 0
     frames_out: int = 0
     bytes_in: int = 0
@@ -314,6 +376,8 @@ class LinkCounters:
     ecn_marked: int = 0
     cut_dropped: int = 0
     late_cycles: int = 0
+    queue_dropped: int = 0
+    ecn_marked_red: int = 0
 
     def as_dict(self):
         return dataclasses.asdict(self)
@@ -325,10 +389,11 @@ class FrameRecord:
 
     ``seq``: arrival number; ``copy``: 0, or 1 for the second copy of a duplicate (same
     action); ``cycle_in``: arrival edge; ``cycle_out``: departure edge (None while queued or
-    when dropped); ``action``: ``"pass"``, ``"drop"``, ``"cut"`` or ``"+"``-joined ``corrupt``,
-    ``ecn``, ``dup``, ``reorder<k>`` (overtaken by k later frames), ``held`` (released by the
-    timeout, not overtaken); ``opcode``, ``dest_qp``, ``psn``: BTH fields as they arrived (None:
-    not RoCE); ``corrupt_at``: ``(byte, bit)`` flipped.
+    when dropped); ``action``: ``"pass"``, ``"drop"``, ``"cut"``, ``"qdrop"`` (tail drop) or
+    ``"+"``-joined ``corrupt``, ``ecn``, ``dup``, ``reorder<k>`` (overtaken by k later frames),
+    ``held`` (released by the timeout, not overtaken); ``opcode``, ``dest_qp``, ``psn``: BTH
+    fields as they arrived (None: not RoCE); ``corrupt_at``: ``(byte, bit)`` flipped;
+    ``queue``: occupancy in wire bytes the frame found at its arrival edge (without itself).
     """
     seq: int
     copy: int
@@ -340,6 +405,23 @@ class FrameRecord:
     dest_qp: int | None = None
     psn: int | None = None
     corrupt_at: tuple | None = None
+    queue: int | None = None
+
+
+@dataclasses.dataclass
+class QueueStats:
+    """The output queue over ``[start, end]`` (cycles, Fractions where a wire end falls between
+    edges). ``peak``: highest occupancy (bytes) reached in the interval (exact, whatever the
+    decimation); ``mean``: time-weighted mean occupancy (bytes, Fraction; None for an empty
+    interval); ``occupancy``: at ``end``; ``samples``: ``[(cycle, bytes after the change)]``, a
+    step function (several points may share a cycle), decimated as the link's docstring says.
+    """
+    start: Fraction | None
+    end: Fraction | None
+    peak: int
+    mean: Fraction | None
+    occupancy: int
+    samples: list
 
 
 @dataclasses.dataclass
@@ -349,6 +431,33 @@ class _Entry:
     record: FrameRecord
     depart: int | None = None   # scheduled departure edge
     start: Fraction | None = None
+    wire_bytes: int = 0         # its share of the queue occupancy
+
+
+class _Series:
+    """The occupancy time series: a point per change, every ``stride``-th change kept; when
+    more than ``cap`` points are kept, every other one goes and the stride doubles (the kept
+    points stay those of changes numbered by multiples of the stride)."""
+
+    def __init__(self, cap):
+        self.cap = cap
+        self.samples = []
+        self.stride = 1
+        self.events = 0
+
+    def add(self, t, occ):
+        if self.cap and self.events % self.stride == 0:
+            self.samples.append((t, occ))
+            if len(self.samples) > self.cap:
+                self.samples = self.samples[::2]
+                self.stride *= 2
+        self.events += 1
+
+    def copy(self):
+        other = _Series(self.cap)
+        other.samples = list(self.samples)
+        other.stride, other.events = self.stride, self.events
+        return other
 
 
 @dataclasses.dataclass
@@ -372,17 +481,28 @@ class LinkModel:
     the edge it was first presented and the edge its last beat was driven. :meth:`simulate`
     runs a whole arrival list with a receiver that never stalls.
 
+    The output queue (occupancy, RED, tail drop, statistics; see the module docstring) is
+    advanced by arrivals; :meth:`queue_stats` reads it up to any later cycle, and
+    :meth:`reset_queue_stats` restarts the statistics (e.g. after a warm-up). ``monitors``:
+    callables called with the :class:`FrameRecord` of every departed frame copy
+    (:meth:`add_monitor`, e.g. a :class:`FlowMonitor`).
+
     Parameters: ``config`` (:class:`LinkConfig`, ``bytes_per_cycle`` filled in), ``name``,
     ``stream_bytes`` (bytes per beat of the receiving stream; default ``bytes_per_cycle``),
-    ``history`` (records kept: an int bounds the log, None keeps all, 0 none).
+    ``history`` (records kept: an int bounds the log, None keeps all, 0 none),
+    ``queue_samples`` (most points kept of the occupancy time series; 0: none).
     """
 
-    def __init__(self, config: LinkConfig, *, name="link", stream_bytes=None, history=100_000):
+    def __init__(self, config: LinkConfig, *, name="link", stream_bytes=None, history=100_000,
+                 queue_samples=4096):
         if config.bytes_per_cycle is None:
             raise ValueError("LinkModel needs config.bytes_per_cycle")
         self.name = name
         self.seed = config.seed if config.seed is not None else zlib.crc32(name.encode())
         self.rng = random.Random(self.seed)
+        # RED has its own stream (a str seed is hashed with SHA-512: stable across runs), so the
+        # draws of the other impairments do not depend on whether RED is on.
+        self.red_rng = random.Random(f"red/{self.seed}")
         self.config = None
         self.set_config(config)
         self.stream_bytes = int(stream_bytes or self._bpc)
@@ -395,6 +515,16 @@ class LinkModel:
         self._wire_end = Fraction(-10**9)  # wire time at which the last scheduled frame ends
         self._stream_free = -10**9         # first edge the stream can present a new frame
         self._cut = None                   # None: no cut; else a predicate (or True: everything)
+        self.monitors = []
+        # Output queue: bytes of the admitted copies not yet off the wire, and the scheduled
+        # copies among them as [wire end, bytes, entry] in wire order (so by wire end).
+        self._occ = 0
+        self._inflight = collections.deque()
+        self._t0 = None                    # start of the statistics (first arrival or reset)
+        self._t_last = None                # time up to which _area integrates _occ
+        self._area = Fraction(0)           # integral of the occupancy, byte-cycles
+        self._peak = 0
+        self._series = _Series(queue_samples)
 
     # -- configuration ----------------------------------------------------------------------
 
@@ -418,6 +548,78 @@ class LinkModel:
         """Cycles a frame of ``length`` stream bytes occupies the wire."""
         return Fraction(length + self.config.overhead) / self._bpc
 
+    def add_monitor(self, fn: Callable[[FrameRecord], None]):
+        """Call ``fn(record)`` for every frame copy that departs (``record.cycle_out`` set)."""
+        self.monitors.append(fn)
+
+    # -- output queue -------------------------------------------------------------------------
+
+    @property
+    def occupancy(self) -> int:
+        """Queue occupancy in wire bytes as of the last arrival (see the module docstring)."""
+        return self._occ
+
+    def _advance(self, t):
+        """Move the queue's clock to edge ``t``: retire the copies whose wire end is ``<= t``."""
+        if self._t_last is None:
+            self._t0 = self._t_last = t
+            self._series.add(t, self._occ)
+        while self._inflight and self._inflight[0][0] <= t:
+            end, nbytes, _ = self._inflight.popleft()
+            self._integrate(end)
+            self._occ -= nbytes
+            self._series.add(end, self._occ)
+        self._integrate(t)
+
+    def _integrate(self, t):
+        if t > self._t_last:
+            self._area += self._occ * (t - self._t_last)
+            self._t_last = t
+
+    def _admit(self, entry, cycle):
+        entry.wire_bytes = len(entry.data) + self.config.overhead
+        self._occ += entry.wire_bytes
+        self._peak = max(self._peak, self._occ)
+        self._series.add(cycle, self._occ)
+
+    def queue_stats(self, until=None) -> QueueStats:
+        """Statistics of the output queue from the first arrival (or the last
+        :meth:`reset_queue_stats`) to cycle ``until`` (default: when the last scheduled copy
+        leaves the wire if nothing else waits, else the last arrival). Does not change the
+        link: ``until`` may lie beyond arrivals still to come."""
+        if self._t_last is None:
+            return QueueStats(None, None, 0, None, 0, [])
+        if until is None:
+            until = self._t_last
+            if self._inflight and not self.fifo and not self.held:
+                until = self._inflight[-1][0]
+        until = max(until, self._t_last)
+        area, occ, t = self._area, self._occ, self._t_last
+        series = self._series.copy()
+        for end, nbytes, _ in self._inflight:
+            if end > until:
+                break
+            area += occ * (end - t)
+            t = end
+            occ -= nbytes
+            series.add(end, occ)
+        area += occ * (until - t)
+        span = until - self._t0
+        mean = Fraction(area) / span if span > 0 else None
+        return QueueStats(self._t0, until, self._peak, mean, occ, series.samples)
+
+    def reset_queue_stats(self, cycle):
+        """Restart peak, mean and time series at edge ``cycle`` (not before the last arrival),
+        from the occupancy the queue has then."""
+        if self._t_last is None:
+            self._t_last = cycle
+        self._advance(max(cycle, self._t_last))
+        self._t0 = self._t_last
+        self._area = Fraction(0)
+        self._peak = self._occ
+        self._series = _Series(self._series.cap)
+        self._series.add(self._t0, self._occ)
+
     # -- arrivals -----------------------------------------------------------------------------
 
     def _log(self, rec):
@@ -432,13 +634,16 @@ class LinkModel:
         # for every frame: whatever happens to one frame, the next draws the same numbers.
         r_drop, r_corrupt, r_ecn, r_dup, r_reorder = (self.rng.random() for _ in range(5))
         aux_seed = self.rng.getrandbits(64)
+        r_red = self.red_rng.random()
         aux = random.Random(aux_seed) if cfg.jitter or cfg.corrupt or cfg.reorder else None
         jitter = aux.randint(0, cfg.jitter) if cfg.jitter else 0
         seq = c.frames_in
         c.frames_in += 1
         c.bytes_in += len(frame)
         info = walk(frame)
-        rec = FrameRecord(seq, 0, len(frame), cycle, None, "pass")
+        self._advance(cycle)
+        q = self._occ
+        rec = FrameRecord(seq, 0, len(frame), cycle, None, "pass", queue=q)
         if info.roce:
             b = info.bth
             rec.opcode = frame[b + _BTH_OPCODE]
@@ -453,6 +658,12 @@ class LinkModel:
             c.dropped += 1
             rec.action = "drop"
             return None
+        wire = len(frame) + cfg.overhead
+        limit = cfg.queue_limit
+        if limit is not None and q + wire > limit:
+            c.queue_dropped += 1
+            rec.action = "qdrop"
+            return None
 
         actions = []
         data = frame
@@ -465,9 +676,12 @@ class LinkModel:
         if info.ip >= 0 and ecn_field(data, info) in _ECT:
             congested = (cfg.ecn_threshold is not None
                          and self.queue_delay(ready) * self._bpc > cfg.ecn_threshold)
-            if r_ecn < cfg.ecn_mark or congested:
+            red = (cfg.red_kmin is not None
+                   and r_red < red_probability(q, cfg.red_kmin, cfg.red_kmax, cfg.red_pmax))
+            if r_ecn < cfg.ecn_mark or congested or red:
                 data = mark_ce(data, info)
                 c.ecn_marked += 1
+                c.ecn_marked_red += red
                 actions.append("ecn")
         data = bytes(data)
         entries = [_Entry(data, ready, rec)]
@@ -478,7 +692,13 @@ class LinkModel:
         if r_dup < cfg.duplicate:
             copy = dataclasses.replace(rec, copy=1)
             self._log(copy)
-            entries.append(_Entry(data, ready, copy))
+            if limit is not None and q + 2 * wire > limit:
+                c.queue_dropped += 1        # the second copy does not fit behind the first
+                copy.action = "qdrop"
+            else:
+                entries.append(_Entry(data, ready, copy))
+        for e in entries:
+            self._admit(e, cycle)
         if r_reorder < cfg.reorder:
             hold = _Hold(entries, aux.randint(1, cfg.reorder_depth), cycle + cfg.reorder_timeout)
             self.held.append(hold)
@@ -530,6 +750,7 @@ class LinkModel:
         e.start = start
         e.depart = math.ceil(start)
         self._wire_end = start + self.wire_time(len(e.data))
+        self._inflight.append([self._wire_end, e.wire_bytes, e])
         self._stream_free = e.depart + -(-len(e.data) // self.stream_bytes)
         return e
 
@@ -543,12 +764,19 @@ class LinkModel:
             # The receiver stalled: the wire restarts from where the frame really left.
             self.counters.late_cycles += start - e.depart
             self._wire_end = start + self.wire_time(len(e.data))
+            # It leaves the queue later too (unless an arrival already retired it on schedule).
+            for item in reversed(self._inflight):
+                if item[2] is e:
+                    item[0] = self._wire_end
+                    break
         self._stream_free = max(self._stream_free, end + 2)
         e.record.cycle_out = start
         c = self.counters
         c.frames_out += 1
         c.bytes_out += len(e.data)
         self.wire_busy += self.wire_time(len(e.data))
+        for fn in self.monitors:
+            fn(e.record)
 
     def idle(self):
         return not self.fifo and not self.held
@@ -579,6 +807,107 @@ class LinkModel:
 
     def counters_dict(self):
         return {**self.counters.as_dict(), "wire_busy_cycles": self.wire_busy}
+
+
+# --------------------------------------------------------------------------------------------
+# Per-flow throughput
+# --------------------------------------------------------------------------------------------
+
+def _dest_qp(record):
+    return record.dest_qp
+
+
+class FlowMonitor:
+    """Bytes delivered per flow and per window of ``window`` cycles, as rates in Mb/s.
+
+    A frame copy counts in the window of its departure edge (``record.cycle_out``): window
+    ``k`` holds the edges ``origin + k*window <= cycle < origin + (k+1)*window``, and a window
+    of ``b`` bytes is ``b * 8 * cycles_per_us / window`` Mb/s (bits per microsecond).
+    ``cycles_per_us``: the clock in MHz (int, float or Fraction). ``key(record)``: the flow of a
+    :class:`FrameRecord` (default its BTH destination QP); None leaves the frame out (non-RoCE
+    frames by default). ``overhead``: bytes added per frame (0: stream bytes, i.e. the frame
+    without FCS; ``DEFAULT_OVERHEAD``: wire bytes).
+
+    Feed it a link's history (:meth:`from_history`, records not departed are skipped) or
+    attach it (``link.add_monitor(monitor)``: it is called with each departing record), or
+    call :meth:`add` directly.
+    """
+
+    def __init__(self, window, cycles_per_us, *, key=_dest_qp, origin=0, overhead=0):
+        if window <= 0:
+            raise ValueError("FlowMonitor window must be > 0 cycles")
+        self.window = window
+        self.cycles_per_us = cycles_per_us
+        self.key = key
+        self.origin = origin
+        self.overhead = overhead
+        self.bins = collections.defaultdict(collections.Counter)   # key -> {window: bytes}
+
+    @classmethod
+    def from_history(cls, records, window, cycles_per_us, **kw):
+        mon = cls(window, cycles_per_us, **kw)
+        for rec in records:
+            mon(rec)
+        return mon
+
+    def __call__(self, record):
+        if record.cycle_out is None:
+            return
+        k = self.key(record)
+        if k is not None:
+            self.add(record.cycle_out, record.length + self.overhead, k)
+
+    def add(self, cycle, nbytes, key):
+        """``nbytes`` of flow ``key`` delivered at edge ``cycle``."""
+        self.bins[key][(cycle - self.origin) // self.window] += nbytes
+
+    def _mbps(self, nbytes, windows=1):
+        return float(Fraction(nbytes * 8) * Fraction(self.cycles_per_us) / (self.window * windows))
+
+    def totals(self):
+        """``{key: bytes}`` over everything seen."""
+        return {k: sum(b.values()) for k, b in self.bins.items()}
+
+    def series(self):
+        """``{key: [(window start cycle, Mb/s), ...]}``: every flow over the same windows, from
+        the first to the last window any flow was seen in (empty windows are 0)."""
+        if not self.bins:
+            return {}
+        lo = min(min(b) for b in self.bins.values())
+        hi = max(max(b) for b in self.bins.values())
+        return {k: [(self.origin + w * self.window, self._mbps(b.get(w, 0)))
+                    for w in range(lo, hi + 1)] for k, b in self.bins.items()}
+
+    def series_us(self):
+        """:meth:`series` with the window start in microseconds (for :mod:`stellar.sim.ccplot`)."""
+        return {k: [(float(Fraction(t) / Fraction(self.cycles_per_us)), v) for t, v in pts]
+                for k, pts in self.series().items()}
+
+    def mean_rates(self, start=None, end=None):
+        """``{key: mean Mb/s}`` over the cycles ``[start, end)``, both rounded down to a window
+        boundary (default: every window any flow was seen in); for :func:`jain`."""
+        if not self.bins:
+            return {}
+        lo = (start - self.origin) // self.window if start is not None else min(
+            min(b) for b in self.bins.values())
+        hi = (end - self.origin) // self.window if end is not None else max(
+            max(b) for b in self.bins.values()) + 1
+        if hi <= lo:
+            raise ValueError("FlowMonitor.mean_rates: empty interval")
+        return {k: self._mbps(sum(v for w, v in b.items() if lo <= w < hi), hi - lo)
+                for k, b in self.bins.items()}
+
+
+def jain(xs):
+    """Jain's fairness index ``(sum x)^2 / (n * sum x^2)``: 1 when all equal, ``1/n`` when one
+    takes everything. All zeros count as equal (1.0); an empty list is an error."""
+    xs = list(xs)
+    if not xs:
+        raise ValueError("jain() of no values")
+    sq = sum(x * x for x in xs)
+    if sq == 0:
+        return 1.0
+    return sum(xs) ** 2 / (len(xs) * sq)
 
 
 # --------------------------------------------------------------------------------------------
@@ -627,14 +956,18 @@ class Link:
     Parameters: ``config`` (:class:`LinkConfig`); ``sink`` (cocotbext-axi ``AxiStreamSink`` on
     the transmitting core's ``m_axis_tx``; leave it unpaused); ``source`` (``AxiStreamSource`` on
     the receiving core's ``s_axis_rx``); ``clock`` (the signal both run on); ``name`` (log name,
-    seed derivation); ``history`` (records kept, see :class:`LinkModel`).
+    seed derivation); ``history`` (records kept, see :class:`LinkModel`); ``queue_samples``
+    (points kept of the queue's time series, see :class:`LinkModel`).
 
     Attributes: ``model`` (:class:`LinkModel`), ``seed``, ``history`` (deque of
     :class:`FrameRecord`), ``wire_busy_cycles`` (Fraction), ``timebase`` (:class:`ClockTimebase`).
+    The output queue: :meth:`queue_stats`, :meth:`reset_queue_stats`; per-flow rates:
+    :meth:`add_monitor` with a :class:`FlowMonitor`.
     Call :meth:`start` once; frames the sink took earlier wait in its queue with their timestamps.
     """
 
-    def __init__(self, config: LinkConfig, sink, source, clock, *, name="link", history=100_000):
+    def __init__(self, config: LinkConfig, sink, source, clock, *, name="link", history=100_000,
+                 queue_samples=4096):
         import cocotb
         self.sink = sink
         self.source = source
@@ -646,7 +979,8 @@ class Link:
                 config, seed=(cocotb.RANDOM_SEED + zlib.crc32(name.encode())) & 0xFFFF_FFFF)
         if config.bytes_per_cycle is None:
             config = dataclasses.replace(config, bytes_per_cycle=source.byte_lanes)
-        self.model = LinkModel(config, name=name, stream_bytes=source.byte_lanes, history=history)
+        self.model = LinkModel(config, name=name, stream_bytes=source.byte_lanes, history=history,
+                               queue_samples=queue_samples)
         self.seed = self.model.seed
         self.timebase = ClockTimebase(clock)
         self._kick = None
@@ -684,6 +1018,20 @@ class Link:
     @property
     def wire_busy_cycles(self) -> Fraction:
         return self.model.wire_busy
+
+    def add_monitor(self, fn):
+        """Call ``fn(record)`` for every departing frame copy (e.g. a :class:`FlowMonitor`)."""
+        self.model.add_monitor(fn)
+
+    def queue_stats(self, until=None) -> QueueStats:
+        """:meth:`LinkModel.queue_stats` up to ``until`` (default: the current edge)."""
+        if until is None and self.timebase.period is not None:
+            until = self.timebase.cycle()
+        return self.model.queue_stats(until)
+
+    def reset_queue_stats(self):
+        """Restart the queue statistics at the current edge (e.g. after a warm-up)."""
+        self.model.reset_queue_stats(self.timebase.cycle())
 
     def idle(self):
         """Nothing in the sink, the queue, held back or being sent."""

@@ -3,10 +3,13 @@ statistics and the wire schedule of ``LinkModel``.
 
 References are independent of the switch's own code: scapy dissects frames (header offsets,
 ECN field, IPv4 checksum recomputed, ICRC recomputed by ``scapy.contrib.roce``) and the wire
-schedule is restated with ``Fraction`` sums. ``STELLAR_SEED=<n>`` replays one seed.
+schedule is restated with ``Fraction`` sums; the output queue (occupancy each arrival finds, RED
+probabilities, tail drops, peak and mean) by :func:`ref_queue` and hand-computed staircases, the
+flow monitor and Jain's index by hand. ``STELLAR_SEED=<n>`` replays one seed.
 """
 
 import bisect
+import dataclasses
 import math
 import random
 from fractions import Fraction
@@ -20,7 +23,10 @@ from stellar.sim import packets
 from stellar.sim.amaranth_streams import run_seeds, seeded_rng
 from stellar.sim.captures import is_rocev2, load_captures
 from stellar.sim.switch import (
+    DEFAULT_OVERHEAD,
     MIN_DELAY,
+    FlowMonitor,
+    FrameRecord,
     LinkConfig,
     LinkModel,
     bth_dest_qp,
@@ -28,6 +34,7 @@ from stellar.sim.switch import (
     bth_psn,
     ecn_field,
     flip_icrc_bit,
+    jain,
     mark_ce,
     walk,
 )
@@ -409,3 +416,313 @@ def test_set_config_on_the_fly():
         LinkConfig(drop=1.5)
     with pytest.raises(ValueError):
         LinkConfig(reorder_depth=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Output queue: occupancy, RED, tail drop, statistics
+# --------------------------------------------------------------------------------------------
+
+def ref_queue(arrivals, delay, bpc, overhead=DEFAULT_OVERHEAD, limit=None):
+    """The queue restated from the module docstring, for FIFO traffic without impairments and a
+    stream that keeps up: ``[(occupancy found, admitted, wire start or None)]`` per arrival.
+    A copy counts ``L + overhead`` bytes from its arrival until ``start + wire`` (exclusive);
+    it is tail-dropped when ``q + its bytes > limit``."""
+    inq = []                        # (wire end, bytes) of admitted frames, in wire order
+    prev_end = None
+    out = []
+    for t, frame in arrivals:
+        inq = [(e, w) for e, w in inq if e > t]
+        q = sum(w for _, w in inq)
+        w = len(frame) + overhead
+        if limit is not None and q + w > limit:
+            out.append((q, False, None))
+            continue
+        start = Fraction(t + max(delay, MIN_DELAY))
+        if prev_end is not None:
+            start = max(start, prev_end)
+        prev_end = start + Fraction(w) / Fraction(bpc)
+        inq.append((prev_end, w))
+        out.append((q, True, start))
+    return out
+
+
+def _same_length_pool():
+    """Eight RoCEv2 frames of one length: Not-ECT, ECT(1), ECT(0), CE x IPv4, IPv6."""
+    pool = [packets.roce_frame(0x04, ipv6=v6, ecn=ecn, payload=bytes(944 - 20 * v6),
+                               bth={"dest_qp": 0x40 + ecn, "psn": v6})
+            for v6 in (False, True) for ecn in range(4)]
+    assert len({len(f) for f in pool}) == 1
+    return pool
+
+
+def _dwell_arrivals(pool, levels, per_level, delay, bpc):
+    """Arrivals that hold the queue at each of ``levels`` (bytes, rising, multiples of the wire
+    bytes W of a pool frame) for ``per_level`` frames. After two frames at edge 0 the wire
+    stays busy (levels >= W), so frames end on the grid ``delay + j*w`` (w = W / B, integral,
+    >= delay); arrivals on that grid find the queue right after one left: a burst raises it to
+    the level, then one frame per wire time keeps it there."""
+    wire_bytes = len(pool[0]) + DEFAULT_OVERHEAD
+    w = Fraction(wire_bytes, bpc)
+    assert w.denominator == 1 and w >= delay and all(level % wire_bytes == 0 for level in levels)
+    arrivals = [(0, pool[0]), (0, pool[1])]
+    t = max(delay, MIN_DELAY) + int(w)
+
+    def occupancy(at):
+        return ref_queue(arrivals + [(at, pool[0])], delay, bpc)[-1][0]
+
+    for level in levels:
+        while occupancy(t) < level:
+            arrivals.append((t, pool[len(arrivals) % len(pool)]))
+        for _ in range(per_level):
+            arrivals.append((t, pool[len(arrivals) % len(pool)]))
+            t += int(w)
+    return arrivals
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_red_marking_probability(seed):
+    """The queue is held at levels from below kmin to above kmax: every arrival finds the
+    occupancy the reference computes (``FrameRecord.queue``), and the ECT frames are marked with
+    the RED probability: never at or below kmin, all above kmax, in between within 5 standard
+    deviations of pmax (q - kmin) / (kmax - kmin) per level (at q == kmax: pmax, not 1).
+    Not-ECT and CE frames are never marked; a marked frame differs only in its TOS/TC byte and
+    IPv4 checksum, and scapy finds the checksum and the ICRC valid."""
+    print(f"seed {seed}")
+    pool = _same_length_pool()
+    wire_bytes = len(pool[0]) + DEFAULT_OVERHEAD
+    kmin, kmax, pmax = 4 * wire_bytes, 12 * wire_bytes, 0.4
+    levels = [k * wire_bytes for k in (2, 4, 6, 8, 10, 12, 14)]
+    arrivals = _dwell_arrivals(pool, levels, 500, 2, 2)
+    link = LinkModel(LinkConfig(delay=2, bytes_per_cycle=2, red_kmin=kmin, red_kmax=kmax,
+                                red_pmax=pmax, seed=seed))
+    out = link.simulate(arrivals)
+    ref = ref_queue(arrivals, 2, 2)
+    assert [r.seq for _, _, r in out] == list(range(len(arrivals)))
+    trials = {}                      # occupancy -> [ECT frames, marked]
+    checked = set()
+    ecn_of = {f: ip_ecn(f) for f in pool}
+    for (t, f), (d, g, rec), (q, _, start) in zip(arrivals, out, ref, strict=True):
+        assert rec.queue == q and d == math.ceil(start)
+        ecn = ecn_of[f]
+        marked = g != f
+        if ecn in (0, 3):
+            assert not marked
+            continue
+        st = trials.setdefault(q, [0, 0])
+        st[0] += 1
+        st[1] += marked
+        if marked and f not in checked:
+            checked.add(f)
+            assert ip_ecn(g) == 3 and ipv4_checksum_ok(g) and icrc_ok(g)
+            ip = scapy_offsets(f)[0]
+            assert {k for k in range(len(f)) if f[k] != g[k]} <= {ip + 1, ip + 10, ip + 11}
+    assert len(checked) == 4, "an ECT kind was never marked"
+    for level in levels:
+        assert trials[level][0] >= 200, (level, trials[level])
+    total_marked = 0
+    for q, (n, m) in sorted(trials.items()):
+        p = 0.0 if q <= kmin else 1.0 if q > kmax else pmax * (q - kmin) / (kmax - kmin)
+        if p in (0.0, 1.0):
+            assert m == n * p, (q, n, m)
+        else:
+            assert abs(m - n * p) <= 5 * math.sqrt(n * p * (1 - p)) + 1, (q, n, m, p)
+        total_marked += m
+    assert link.counters.ecn_marked == link.counters.ecn_marked_red == total_marked
+    assert link.counters.dropped == link.counters.queue_dropped == 0
+
+
+def test_red_and_limits_leave_other_draws_alone():
+    """RED's draws come from a separate stream: the seeded impairment run of a config without
+    the new fields, with them at their defaults, and with RED and a queue limit that never act
+    are identical; with RED marking, only the ECN marks differ (drops, corruption, duplicates,
+    reorder and jitter decisions stay)."""
+    arrivals = _trace(random.Random(8), 800)
+    base = {"drop": 0.05, "duplicate": 0.05, "reorder": 0.05, "corrupt": 0.1, "ecn_mark": 0.1,
+            "jitter": 3, "bytes_per_cycle": 8, "seed": 21}
+
+    def run(**kw):
+        link = LinkModel(LinkConfig(**{**base, **kw}), history=None)
+        out = link.simulate(arrivals)
+        return [(d, g) for d, g, _ in out], [dataclasses.astuple(r) for r in link.history], link
+
+    a = run()
+    b = run(red_kmin=None, red_kmax=None, red_pmax=0.01, queue_limit=None)
+    c = run(red_kmin=10**9, red_kmax=10**9, red_pmax=1.0, queue_limit=10**12)
+    assert a[:2] == b[:2] == c[:2]
+    assert a[2].counters == c[2].counters
+    d = run(red_kmin=0, red_kmax=200, red_pmax=0.5)
+    assert d[2].counters.ecn_marked_red > 50
+    assert d[2].counters.ecn_marked > a[2].counters.ecn_marked
+
+    def strip(rec):
+        action = "+".join(x for x in rec.action.split("+") if x != "ecn") or "pass"
+        return rec.seq, rec.copy, rec.cycle_out, rec.corrupt_at, action
+
+    assert [strip(r) for r in a[2].history] == [strip(r) for r in d[2].history]
+    assert a[0] != d[0] and [x for x, _ in a[0]] == [x for x, _ in d[0]]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_queue_limit_tail_drop(seed):
+    """Bursts of random lengths into a limited queue: exactly the frames the reference finds
+    over the limit are tail-dropped (``queue_dropped``, action ``qdrop``, never ``dropped``),
+    the others leave when the reference schedules them. A limit equal to the peak the
+    unlimited queue reaches drops nothing (a lossless run); one byte less drops."""
+    print(f"seed {seed}")
+    rng = seeded_rng("switch-qlimit", seed)
+    t, arrivals = 0, []
+    for _ in range(60):
+        t += rng.randint(0, 1200)
+        for _ in range(rng.choice([1, 1, 2, 5, 12])):
+            arrivals.append((t, bytes(rng.randint(60, 1500))))
+    limit = 6000
+    link = LinkModel(LinkConfig(delay=7, bytes_per_cycle=8, queue_limit=limit, seed=seed),
+                     history=None)
+    out = link.simulate(arrivals)
+    ref = ref_queue(arrivals, 7, 8, limit=limit)
+    expect_drop = [i for i, (_, ok, _) in enumerate(ref) if not ok]
+    assert 10 < len(expect_drop) < len(arrivals) // 2
+    assert [r.seq for r in link.history if r.action == "qdrop"] == expect_drop
+    assert [r.queue for r in link.history] == [q for q, _, _ in ref]
+    assert [(r.seq, d) for d, _, r in out] == [(i, math.ceil(s)) for i, (_, ok, s) in enumerate(ref) if ok]
+    c = link.counters
+    assert c.queue_dropped == len(expect_drop) and c.dropped == 0
+    assert link.queue_stats().peak <= limit
+
+    free = ref_queue(arrivals, 7, 8)
+    peak = max(q + len(f) + DEFAULT_OVERHEAD for (q, _, _), (_, f) in zip(free, arrivals, strict=True))
+    for lim, lossless in ((peak, True), (peak - 1, False)):
+        link = LinkModel(LinkConfig(delay=7, bytes_per_cycle=8, queue_limit=lim))
+        link.simulate(arrivals)
+        assert (link.counters.queue_dropped == link.counters.dropped == 0) == lossless
+        assert link.queue_stats().peak == (peak if lossless else link.queue_stats().peak)
+
+
+def test_queue_limit_duplicate_copy():
+    """The second copy of a duplicated frame occupies the queue too: it is tail-dropped alone
+    when only the first fits."""
+    f = bytes(100)                  # 124 wire bytes
+    link = LinkModel(LinkConfig(duplicate=1.0, bytes_per_cycle=8, queue_limit=124 * 3))
+    out = link.simulate([(0, f), (0, f)])
+    assert [(r.seq, r.copy) for _, _, r in out] == [(0, 0), (0, 1), (1, 0)]
+    assert [r.action for r in link.history] == ["dup", "dup", "dup", "qdrop"]
+    assert link.counters.queue_dropped == 1 and link.counters.duplicated == 2
+
+
+@pytest.mark.parametrize("bpc", [4, 8, Fraction(25, 2)])
+def test_queue_statistics_staircase(bpc):
+    """k frames of L bytes at edge 0, wire rate B, delay d: the occupancy is k*W on
+    [0, d + w), then one W less at each d + (i+1) w (W = L + 24, w = W / B); peak k*W,
+    mean sum_i W (d + (i+1) w) / (d + k w). Stats up to an earlier edge do not disturb the
+    later arrivals; a reset restarts peak, mean and series from the current occupancy."""
+    k, n, d = 5, 100, 10
+    W = n + DEFAULT_OVERHEAD
+    w = Fraction(W) / Fraction(bpc)
+    link = LinkModel(LinkConfig(delay=d, bytes_per_cycle=bpc))
+    link.simulate([(0, bytes(n))] * k)
+    ends = [d + (i + 1) * w for i in range(k)]
+    st = link.queue_stats()
+    assert (st.start, st.end, st.peak, st.occupancy) == (0, ends[-1], k * W, 0)
+    assert st.mean == sum(W * e for e in ends) / ends[-1]
+    assert st.samples == ([(0, 0)] + [(0, (i + 1) * W) for i in range(k)]
+                          + [(e, (k - 1 - i) * W) for i, e in enumerate(ends)])
+    mid = 50
+    st = link.queue_stats(until=mid)
+    held = [e for e in ends if e > mid]
+    area = sum(W * min(e, mid) for e in ends)
+    assert st.mean == area / mid and st.occupancy == len(held) * W
+    # A later frame on the idle wire adds one more step; the mean covers the idle gap.
+    link.simulate([(200, bytes(n))])
+    st = link.queue_stats()
+    assert st.end == 200 + d + w and st.samples[-2:] == [(200, W), (200 + d + w, 0)]
+    assert st.mean == (sum(W * e for e in ends) + W * (d + w)) / (200 + d + w)
+    # Reset during a burst: statistics from there on.
+    link.simulate([(1000, bytes(n))] * 3)
+    link.reset_queue_stats(1000 + d + w)
+    st = link.queue_stats()
+    assert st.start == 1000 + d + w and st.peak == 2 * W and st.samples[0] == (1000 + d + w, 2 * W)
+    assert st.mean == W * (2 * w + w) / (2 * w)
+
+
+def test_queue_samples_decimated():
+    """A capped series keeps every stride-th change (stride a power of two) of the full one."""
+    rng = random.Random(4)
+    arrivals = sorted((rng.randrange(20000), bytes(rng.randint(60, 600))) for _ in range(300))
+    full = LinkModel(LinkConfig(bytes_per_cycle=8), queue_samples=10**6)
+    full.simulate(arrivals)
+    capped = LinkModel(LinkConfig(bytes_per_cycle=8), queue_samples=16)
+    capped.simulate(arrivals)
+    fs, cs = full.queue_stats().samples, capped.queue_stats().samples
+    assert len(fs) == 601
+    stride = 1
+    while fs[::stride] != cs:
+        stride *= 2
+        assert stride < len(fs), "capped series is not a decimation of the full one"
+    assert len(cs) <= 16 and stride > 1
+    assert capped.queue_stats().peak == full.queue_stats().peak == max(q for _, q in fs)
+    assert LinkModel(LinkConfig(bytes_per_cycle=8), queue_samples=0).queue_stats().samples == []
+
+
+def test_link_config_queue_validation():
+    for kw in ({"red_kmin": 10}, {"red_kmax": 10}, {"red_kmin": 20, "red_kmax": 10},
+               {"red_kmin": -1, "red_kmax": 10}, {"red_kmin": 1, "red_kmax": 2, "red_pmax": 1.5},
+               {"queue_limit": -1}):
+        with pytest.raises(ValueError):
+            LinkConfig(**kw)
+    LinkConfig(red_kmin=10, red_kmax=10, red_pmax=0.0, queue_limit=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-flow throughput, fairness
+# --------------------------------------------------------------------------------------------
+
+def test_flow_monitor_hand_computed():
+    """Windows of 100 cycles at 250 cycles/us: b bytes in a window are b * 8 * 250 / 100 Mb/s;
+    every flow gets every window from the first to the last seen; frames not departed or
+    without a key are left out."""
+    def rec(qp, out, n, psn=0):
+        return FrameRecord(0, 0, n, 0, out, "pass", dest_qp=qp, psn=psn)
+
+    recs = [rec(1, 0, 500), rec(1, 99, 500, 1), rec(1, 100, 250), rec(2, 150, 1000, 1),
+            rec(2, 320, 125), rec(None, 10, 9999), rec(3, None, 9999)]
+    mon = FlowMonitor.from_history(recs, 100, 250)
+    assert mon.series() == {1: [(0, 20000.0), (100, 5000.0), (200, 0.0), (300, 0.0)],
+                            2: [(0, 0.0), (100, 20000.0), (200, 0.0), (300, 2500.0)]}
+    assert mon.series_us()[2] == [(0.0, 0.0), (0.4, 20000.0), (0.8, 0.0), (1.2, 2500.0)]
+    assert mon.totals() == {1: 1250, 2: 1125}
+    assert mon.mean_rates(0, 200) == {1: 12500.0, 2: 10000.0}
+    assert mon.mean_rates() == {1: 1250 * 8 * 250 / 400, 2: 1125 * 8 * 250 / 400}
+    by_psn = FlowMonitor.from_history(recs[:5], 200, Fraction(1000, 3), key=lambda r: r.psn,
+                                      overhead=24, origin=-100)
+    # Windows [-100, 100) and [100, 300), [300, 500): psn 0: 524 | 274 | 149 bytes.
+    assert by_psn.totals() == {0: 524 + 274 + 149, 1: 524 + 1024}
+    assert by_psn.series()[0] == [(-100, pytest.approx(524 * 8 * 1000 / 3 / 200)),
+                                  (100, pytest.approx(274 * 8 * 1000 / 3 / 200)),
+                                  (300, pytest.approx(149 * 8 * 1000 / 3 / 200))]
+    assert FlowMonitor(10, 1).series() == {}
+
+
+def test_flow_monitor_as_link_hook():
+    """Attached to a link it sees what the history sees: bytes per destination QP of the
+    frames that left (dropped ones excluded), in the windows of their departure edges."""
+    rng = random.Random(6)
+    frames = [tagged_frame(rng, i, qp=0x10 + i % 3) for i in range(40)]
+    link = LinkModel(LinkConfig(drop=0.2, bytes_per_cycle=8, seed=2))
+    hook = FlowMonitor(500, 250)
+    link.add_monitor(hook)
+    out = link.simulate([(37 * i, f) for i, f in enumerate(frames)])
+    want = {}
+    for _, g, r in out:
+        want[bth_dest_qp(g)] = want.get(bth_dest_qp(g), 0) + len(g)
+    assert hook.totals() == want and len(want) == 3 and link.counters.dropped > 0
+    assert FlowMonitor.from_history(link.history, 500, 250).series() == hook.series()
+
+
+def test_jain():
+    assert jain([3, 3, 3, 3]) == pytest.approx(1.0)
+    assert jain([5, 0, 0, 0]) == pytest.approx(0.25)
+    assert jain([1, 2]) == pytest.approx(0.9)
+    assert jain([2.0, 4.0, 6.0]) == pytest.approx(144 / (3 * 56))
+    assert jain([0, 0]) == 1.0
+    with pytest.raises(ValueError):
+        jain([])
