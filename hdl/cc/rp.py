@@ -1,0 +1,561 @@
+# Ref: DCQCN (Zhu et al., "Congestion Control for Large-Scale RDMA Deployments", SIGCOMM 2015);
+#      NVIDIA ConnectX firmware DCQCN parameters (RPG_*); IBTA Vol 1 Annex A17.9 (RoCEv2 CC)
+"""Per-QP congestion reaction point: DCQCN, or the experimental FlowMatrix update, sets each QP's
+sending rate from the CNPs it receives, the bytes it sends and the passing of time.
+
+One event machine owns the per-QP state RAM and handles one event at a time::
+
+    init (host set up a QP) --> FIFO 4 --+
+    cnp  (a CNP arrived)    --> FIFO 8 --+--> [issue] -> [S1 read] -> [S2] -> [S3] -> [S4 write] --> rate
+    sent (request sent)     --> FIFO 8 --+     priority          state RAM      (FlowMatrix:      --> trace
+    timer scanner (1 QP / clock) -> slot-+     init>cnp>sent>timer               F5 .. F10 write)
+
+Units: rates are unsigned 20-bit Mb/s (bits per microsecond); ``now_us`` counts microseconds
+(32-bit, wrapping); a timestamp ``t`` is due for a period ``P`` when ``e = (now - t) mod 2**32``
+has ``e < 2**31`` (else ``t`` is in the future: "not yet") and ``e >= P``. alpha is a 20-bit
+fraction (1.0 = 2**20, saturates at 2**20 - 1); FlowMatrix W is Q0.16, the congestion signal Q
+is Q8.8. Parameters (``rp_params_layout()``, names and widths in ``stellar.hdl.cc.params``)
+follow the ConnectX names.
+
+Per-QP state (``rp_state_layout()``, all zero at configuration = mode NONE): mode, active, rc,
+rt, alpha, t_alpha, t_rate, byte_cnt, it, ib (DCQCN) and w, cnps, infl_prev, infl_last, t_fm
+(FlowMatrix). Each event acts on one QP at the ``now_us`` sampled when it was issued:
+
+INIT(qp, mode): rc = rt = max_rate; alpha = initial_alpha << 10; active = it = ib = byte_cnt = 0;
+  t_alpha = t_rate = t_fm = now; w = sigma0 (``sigmoid.sigma0(fm_c)``); cnps = infl_prev =
+  infl_last = 0; mode stored. Emits rc. (Mode 3 is stored and behaves like NONE.)
+
+DCQCN (mode 1):
+- CNP: a10 = alpha >> 10; dec = (rc * a10) >> gd; floor = (rc * min_dec_fac * 1311) >> 17;
+  rt = rc; rc = min(max(rc - dec, floor, min_rate), 2**20 - 1) (rc - dec may be negative when
+  gd < 10: it then loses to the other terms; the cap matters only for min_dec_fac > 100);
+  alpha = min(alpha + ((2**20 - alpha) >> g_shift), 2**20 - 1); t_alpha = t_rate = now;
+  byte_cnt = it = ib = 0; active = 1. Emits rc. Taken whether active or not.
+- SENT(bytes) while active: byte_cnt += bytes; if byte_cnt >= byte_reset: byte_cnt -=
+  byte_reset (once per event), ib += 1 (saturating at 255), increase(). byte_cnt saturates at
+  2**24 - 1 (it can only grow past byte_reset when packets are larger than byte_reset).
+- TIMER while active: if t_alpha is due for alpha_period: alpha -= alpha >> g_shift, t_alpha =
+  now. If t_rate is due for time_reset: it += 1 (saturating), t_rate = now, increase().
+- increase(): with hi = max(it, ib), lo = min(it, ib), F = threshold: hi < F: fast recovery
+  (rt unchanged); lo >= F: hyper, rt += hai_rate * (lo - F + 1); else additive, rt += ai_rate.
+  Then rt = min(rt, max_rate); rc = (rt + rc) >> 1; active = 0 if rc == max_rate (the QP is no
+  longer limited and its timers stop). Emits rc, changed or not.
+- An inactive QP ignores SENT and TIMER; NONE ignores everything but INIT.
+
+FlowMatrix (mode 2, EXPERIMENTAL: a smoothed sigmoid of a congestion signal sets the rate;
+seed design W' = a W + (1 - a) sigmoid(b Q + c)):
+- SENT(inflight): infl_last = inflight (the QP's packets in flight, in PSNs).
+- CNP: cnps += 1 (saturating), then update() at once (no period wait): a CNP acts immediately.
+- TIMER: if t_fm is due for fm_period: update(periodic), which also starts the next period:
+  cnps = 0, infl_prev = infl_last, t_fm = now.
+- update(): trend = infl_last - infl_prev if positive as a signed 16-bit value, else 0 (the
+  "early warning": in-flight PSNs grow when queues in the network build up and lengthen the
+  RTT, before any switch marks ECN); Q = min(fm_cnp_gain * cnps + fm_trend_gain * trend, 65535);
+  x = ((fm_b * Q) >> 8) + fm_c (signed Q8.8); s = SIGMOID[clamp((x >> 4) + 128, 0, 255)];
+  W = (fm_a * W + (65536 - fm_a) * s) >> 16; rc = max(min((max_rate * (65536 - W) * fm_norm)
+  >> 32, max_rate), min_rate). Emits rc. With no signal W decays to sigma0 and rc returns to
+  max_rate (fm_norm = ``sigmoid.fm_norm(fm_c)``).
+- Refinement of the seed design: a CNP's immediate update neither clears cnps nor moves
+  infl_prev; only the periodic update closes a period. So the k-th CNP of a period acts with
+  Q = k * fm_cnp_gain (+ the trend so far): CNP density, not just CNP presence, drives W, and the
+  period's update sees every CNP of the period. (Clearing cnps on every CNP, as first drafted,
+  would have left cnps always 0 between events.)
+
+Timing of the machine (clocks; ``I`` = the issue cycle of an event):
+- I: the arbiter picks the highest-priority event and presents its QP to the RAM.
+- I+1 (S1): the RAM word is registered (block-RAM output to a flip-flop, nothing else).
+- I+2 (S2): the word, replaced by the last written word when that was the same QP (the write of
+  the previous event lands after this event's read), is decoded; due tests, byte counter,
+  stages, the CNP products; I+3 (S3): increase step (hai_rate * factor), CNP decrease, FlowMatrix
+  Q products; I+4 (S4): new rates; the state is written, ``rate`` and ``trace`` pulse.
+- So events issue every 3 clocks (I+3 is the next issue: its S2 at I+5 sees this write by
+  forwarding). A FlowMatrix update (CNP of a mode-2 QP, or its TIMER with the period due)
+  continues through F5..F10, one multiply per stage (fm_b * Q; table ROM; (1 - a) * s; W;
+  K * (65536 - W) with K = max_rate * fm_norm; clamp and write at I+10): it occupies the machine
+  for 9 clocks instead of 3. ``rate`` comes 4 (10) clocks after the issue.
+- Every multiplier output is registered; the widest, K * (65536 - W), is 52 x 17 bits.
+- Parameters pass one register stage (two for the derived ones: min_dec_fac * 1311, K, sigma0):
+  a CSR change applies to events issued 3 or more clocks later. Change them while no QP
+  depends on the old values (the driver writes them before setting QPs up).
+
+Input FIFOs and the spacing that keeps them from overflowing (an event that finds its FIFO full
+is lost and pulses ``lost``): ``sent`` holds 8 and never overflows when sent events come at
+most once per 4 clocks and the init and cnp events of any window of T clocks need at most
+T/4 + 9 clocks of the machine (3 each; 9 for a CNP of a FlowMatrix QP) -- e.g. one CNP per 12
+clocks on average, bursts of three. ``cnp`` holds 8: CNPs at most one per 9 clocks on average
+(bursts of 7), ``init`` holds 4 (host writes). Timer events are issued only when all three
+FIFOs are empty.
+
+Timer scanner: reads one QP per clock through a second RAM read port, round robin, and raises
+TIMER for a QP of mode DCQCN that is active with t_alpha or t_rate due, or of mode FlowMatrix
+with t_fm due. One request waits in a slot for the machine; while the slot is full the
+scanner re-reads the QP it found due (so no QP is skipped). Its view may be a clock stale: the
+machine re-checks every condition, and a TIMER with nothing due only appears in the trace.
+
+Ports (``IB`` = log2(qps); every stream is always ready; ``qps`` a power of two >= 2):
+  ``init``      In   ``{qp: IB, mode: 2}``: the host set up (or re-set) the QP, mode RpMode.
+  ``cnp``       In   ``{qp: IB}``: a CNP for the QP arrived.
+  ``sent``      In   ``{qp: IB, bytes: 16, inflight: 16}``: a request packet of the QP left
+                     (bytes charged on the wire; inflight = its PSNs not yet acknowledged).
+  ``now_us``    In   32: microseconds since reset (wrapping).
+  ``params``    In   ``rp_params_layout()``.
+  ``rate``      Out  ``{qp: IB, rate: 20}``: every rate the QP gets, in event order.
+  ``trace``     Out  ``rp_trace_layout(IB)`` ``{kind, qp, mode, bytes, inflight, now}``: one
+                     entry per event processed, in order, with the ``now`` it used and the QP's
+                     mode (INIT: the new one); for tests (unconnected in the NIC).
+  ``dbg_addr``  In   IB; ``dbg_data`` Out ``rp_state_layout()``: the state of QP ``dbg_addr``
+                     one clock after it is set (a third RAM read port, independent of the
+                     machine; the word may be a clock behind a write).
+  ``lost``      Out  1: an event found its FIFO full this clock (and was dropped).
+
+Memory: the state RAM is ``qps`` x 255 bits with three read ports (machine, scanner, dbg) and
+one write port (yosys replicates it once per read port); the sigmoid ROM is 256 x 16 with two
+read ports (update, sigma0).
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, enum, fifo, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from . import params as P
+from .sigmoid import SIGMOID_ENTRIES, sigmoid_table
+
+__all__ = ["RpMode", "RpEvent", "ReactionPoint", "rp_params_layout", "rp_state_layout",
+           "rp_trace_layout", "RATE_BITS", "RP_DEFAULTS"]
+
+RATE_BITS = P.RATE_BITS
+RP_DEFAULTS = P.RP_DEFAULTS
+_RATE_MAX = (1 << RATE_BITS) - 1
+
+
+class RpMode(enum.Enum, shape=2):
+    NONE = P.MODE_NONE
+    DCQCN = P.MODE_DCQCN
+    FLOWMATRIX = P.MODE_FLOWMATRIX
+
+
+class RpEvent(enum.Enum, shape=2):
+    INIT = P.EV_INIT
+    CNP = P.EV_CNP
+    SENT = P.EV_SENT
+    TIMER = P.EV_TIMER
+
+
+def rp_params_layout():
+    """The reaction point's parameters (``params`` port), from ``params.RP_PARAM_FIELDS``."""
+    return data.StructLayout({name: (signed(w) if s else unsigned(w))
+                              for name, w, s in P.RP_PARAM_FIELDS})
+
+
+def rp_state_layout():
+    """One QP's state word, from ``params.RP_STATE_FIELDS`` (255 bits)."""
+    return data.StructLayout({name: unsigned(w) for name, w in P.RP_STATE_FIELDS})
+
+
+def rp_trace_layout(index_bits):
+    """An event as processed: kind, QP, mode, the SENT fields and the ``now_us`` it used."""
+    return data.StructLayout({"kind": RpEvent, "qp": index_bits, "mode": 2, "bytes": 16,
+                              "inflight": 16, "now": 32})
+
+
+def _due(now, t, period):
+    """``t`` due for ``period`` at ``now`` (modular, >= 2**31 elapsed means "not yet")."""
+    e = (now - t)[:32]
+    return ~e[31] & (e >= period)
+
+
+def _inc_sat8(v):
+    return Mux(v == 255, 255, v + 1)[:8]
+
+
+class ReactionPoint(wiring.Component):
+    """Per-QP DCQCN / FlowMatrix reaction point (see the module docstring)."""
+
+    FIFO_INIT = 4
+    FIFO_CNP = 8
+    FIFO_SENT = 8
+    PERIOD = 3          # clocks per event
+    PERIOD_FM = 9       # clocks per FlowMatrix update
+
+    def __init__(self, qps=256):
+        assert qps >= 2 and qps & (qps - 1) == 0, "qps must be a power of two >= 2"
+        self.qps = qps
+        self.index_bits = ib = (qps - 1).bit_length()
+        super().__init__({
+            "init":     In(stream.Signature(data.StructLayout({"qp": ib, "mode": RpMode}),
+                                            always_ready=True)),
+            "cnp":      In(stream.Signature(data.StructLayout({"qp": ib}), always_ready=True)),
+            "sent":     In(stream.Signature(data.StructLayout({"qp": ib, "bytes": 16,
+                                                               "inflight": 16}),
+                                            always_ready=True)),
+            "now_us":   In(32),
+            "params":   In(rp_params_layout()),
+            "rate":     Out(stream.Signature(data.StructLayout({"qp": ib, "rate": RATE_BITS}),
+                                             always_ready=True)),
+            "trace":    Out(stream.Signature(rp_trace_layout(ib), always_ready=True)),
+            "dbg_addr": In(ib),
+            "dbg_data": Out(rp_state_layout()),
+            "lost":     Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ib = self.index_bits
+        st_layout = rp_state_layout()
+        ev_layout = rp_trace_layout(ib)
+
+        # ------------------------------------------------------------ parameters
+        # One register stage between the CSRs and the arithmetic (timing), plus the products
+        # that depend on parameters only, computed once here instead of per event.
+        p = Signal(rp_params_layout())
+        m.d.sync += p.eq(self.params)
+        mdf1311 = Signal(18)                  # min_dec_fac * 1311 (percent -> 1/2**17)
+        k_lo = Signal(RATE_BITS + 16)
+        k_hi = Signal(RATE_BITS + 16)
+        k = Signal(RATE_BITS + 32)            # max_rate * fm_norm
+        one_minus_a = Signal(17)              # 65536 - fm_a
+        m.d.sync += [
+            mdf1311.eq(p.min_dec_fac * 1311),
+            k_lo.eq(p.max_rate * p.fm_norm[:16]),
+            k_hi.eq(p.max_rate * p.fm_norm[16:]),
+            k.eq(k_lo + (k_hi << 16)),
+            one_minus_a.eq(65536 - p.fm_a),
+        ]
+
+        m.submodules.rom = rom = Memory(shape=16, depth=SIGMOID_ENTRIES, init=sigmoid_table())
+        rom_upd = rom.read_port()
+        rom_s0 = rom.read_port()
+        sigma0 = rom_s0.data                  # table value at argument fm_c (Q = 0)
+        m.d.comb += rom_s0.addr.eq(self._sig_index(m, p.fm_c, "s0"))
+
+        # ------------------------------------------------------------ state RAM
+        m.submodules.mem = mem = Memory(shape=st_layout, depth=self.qps, init=[],
+                                        attrs={"no_rw_check": 1})
+        wr = mem.write_port()
+        rd = mem.read_port()
+        sc_rd = mem.read_port()
+        dbg_rd = mem.read_port()
+        m.d.comb += [dbg_rd.addr.eq(self.dbg_addr), self.dbg_data.eq(dbg_rd.data)]
+
+        # The last write, registered: the event after it may have read its QP before it landed.
+        lw_valid = Signal()
+        lw_qp = Signal(ib)
+        lw_data = Signal(st_layout)
+        m.d.sync += lw_valid.eq(lw_valid | wr.en)
+        with m.If(wr.en):
+            m.d.sync += [lw_qp.eq(wr.addr), lw_data.eq(wr.data)]
+
+        # ------------------------------------------------------------ input FIFOs
+        m.submodules.f_init = f_init = fifo.SyncFIFO(width=ib + 2, depth=self.FIFO_INIT)
+        m.submodules.f_cnp = f_cnp = fifo.SyncFIFO(width=ib, depth=self.FIFO_CNP)
+        m.submodules.f_sent = f_sent = fifo.SyncFIFO(width=ib + 32, depth=self.FIFO_SENT)
+        for f, s in ((f_init, self.init), (f_cnp, self.cnp), (f_sent, self.sent)):
+            m.d.comb += [f.w_en.eq(s.valid), f.w_data.eq(s.payload)]
+        m.d.comb += self.lost.eq((self.init.valid & ~f_init.w_rdy) | (self.cnp.valid & ~f_cnp.w_rdy)
+                                 | (self.sent.valid & ~f_sent.w_rdy))
+        h_init = data.StructLayout({"qp": ib, "mode": 2})(f_init.r_data)
+        h_cnp = data.StructLayout({"qp": ib})(f_cnp.r_data)
+        h_sent = data.StructLayout({"qp": ib, "bytes": 16, "inflight": 16})(f_sent.r_data)
+
+        # ------------------------------------------------------------ timer scanner
+        sc_addr = Signal(ib)                  # QP read at this clock's edge
+        sc_qp = Signal(ib)                    # QP whose word is on sc_rd.data
+        sc_valid = Signal()
+        t_valid = Signal()                    # the TIMER request slot
+        t_qp = Signal(ib)
+        t_take = Signal()                     # the machine issues the slot's TIMER this clock
+        w = sc_rd.data
+        found = Signal()
+        m.d.comb += [
+            sc_rd.addr.eq(sc_addr),
+            found.eq(sc_valid & (
+                ((w.mode == P.MODE_DCQCN) & w.active
+                 & (_due(self.now_us, w.t_alpha, p.alpha_period)
+                    | _due(self.now_us, w.t_rate, p.time_reset)))
+                | ((w.mode == P.MODE_FLOWMATRIX) & _due(self.now_us, w.t_fm, p.fm_period)))),
+        ]
+        with m.If(t_take):
+            m.d.sync += t_valid.eq(0)
+        with m.If(found & t_valid & ~t_take):
+            # Slot busy: read this QP again (the word read this clock is for the next QP).
+            m.d.sync += [sc_addr.eq(sc_qp), sc_valid.eq(0)]
+        with m.Else():
+            m.d.sync += [sc_addr.eq(sc_addr + 1), sc_qp.eq(sc_addr), sc_valid.eq(1)]
+            with m.If(found):
+                m.d.sync += [t_valid.eq(1), t_qp.eq(sc_qp)]
+
+        # ------------------------------------------------------------ issue
+        cool = Signal(range(8))               # clocks until the next issue is allowed
+        fm_long = Signal()                    # S2: this event is a FlowMatrix update
+        can = cool == 0
+        pick_init = Signal()
+        pick_cnp = Signal()
+        pick_sent = Signal()
+        issue = Signal()
+        ev_i = Signal(ev_layout)
+        m.d.comb += [
+            pick_init.eq(can & f_init.r_rdy),
+            pick_cnp.eq(can & ~f_init.r_rdy & f_cnp.r_rdy),
+            pick_sent.eq(can & ~f_init.r_rdy & ~f_cnp.r_rdy & f_sent.r_rdy),
+            t_take.eq(can & ~f_init.r_rdy & ~f_cnp.r_rdy & ~f_sent.r_rdy & t_valid),
+            issue.eq(pick_init | pick_cnp | pick_sent | t_take),
+            f_init.r_en.eq(pick_init), f_cnp.r_en.eq(pick_cnp), f_sent.r_en.eq(pick_sent),
+            ev_i.now.eq(self.now_us),
+        ]
+        with m.If(pick_init):
+            m.d.comb += [ev_i.kind.eq(RpEvent.INIT), ev_i.qp.eq(h_init.qp), ev_i.mode.eq(h_init.mode)]
+        with m.Elif(pick_cnp):
+            m.d.comb += [ev_i.kind.eq(RpEvent.CNP), ev_i.qp.eq(h_cnp.qp)]
+        with m.Elif(pick_sent):
+            m.d.comb += [ev_i.kind.eq(RpEvent.SENT), ev_i.qp.eq(h_sent.qp),
+                         ev_i.bytes.eq(h_sent.bytes), ev_i.inflight.eq(h_sent.inflight)]
+        with m.Else():
+            m.d.comb += [ev_i.kind.eq(RpEvent.TIMER), ev_i.qp.eq(t_qp)]
+        m.d.comb += rd.addr.eq(ev_i.qp)
+
+        with m.If(issue):
+            m.d.sync += cool.eq(self.PERIOD - 1)
+        with m.Elif(fm_long):
+            m.d.sync += cool.eq(self.PERIOD_FM - 3)
+        with m.Elif(cool != 0):
+            m.d.sync += cool.eq(cool - 1)
+
+        # ------------------------------------------------------------ S1: RAM word registered
+        s1_valid = Signal()
+        s1_ev = Signal(ev_layout)
+        s2_valid = Signal()
+        s2_ev = Signal(ev_layout)
+        s2_mem = Signal(st_layout)
+        m.d.sync += [s1_valid.eq(issue), s2_valid.eq(s1_valid)]
+        with m.If(issue):
+            m.d.sync += s1_ev.eq(ev_i)
+        with m.If(s1_valid):
+            m.d.sync += [s2_ev.eq(s1_ev), s2_mem.eq(rd.data)]
+
+        # ------------------------------------------------------------ S2: decode
+        st = Signal(st_layout)
+        m.d.comb += st.eq(Mux(lw_valid & (lw_qp == s2_ev.qp), lw_data, s2_mem))
+        e = s2_ev
+        k_init = e.kind == RpEvent.INIT
+        k_cnp = e.kind == RpEvent.CNP
+        k_sent = e.kind == RpEvent.SENT
+        k_tmr = e.kind == RpEvent.TIMER
+        dcq = ~k_init & (st.mode == P.MODE_DCQCN)
+        fmq = ~k_init & (st.mode == P.MODE_FLOWMATRIX)
+
+        # Work registers: one event at a time is past S1, so S2 loads them and S3..F10 use them.
+        ev = Signal(ev_layout)               # the event (mode: the new one for INIT, else the QP's)
+        old = Signal(st_layout)              # its state as read
+        is_init = Signal()
+        cnp_d = Signal()                     # DCQCN CNP
+        sent_d = Signal()                    # DCQCN SENT while active
+        tmr_d = Signal()                     # DCQCN TIMER while active
+        sent_f = Signal()                    # FlowMatrix SENT
+        fm_upd = Signal()                    # FlowMatrix update
+        fm_per = Signal()                    # ... periodic (TIMER, period due)
+        due_a = Signal()
+        due_r = Signal()
+        fire = Signal()                      # DCQCN increase()
+        bc_new = Signal(24)
+        it_new = Signal(8)
+        ib_new = Signal(8)
+        cls_fast = Signal()
+        cls_hyper = Signal()
+        factor = Signal(9)                   # lo - F + 1 when hyper (1..256)
+        prod_dec = Signal(RATE_BITS + 10)
+        prod_floor = Signal(RATE_BITS + 18)
+        alpha_new = Signal(P.ALPHA_BITS)
+        cnps_new = Signal(8)
+        trend = Signal(16)
+
+        # DCQCN byte counter (only used when sent_d)
+        sum_b = Signal(25)
+        cross = Signal()
+        bc = Signal(25)
+        m.d.comb += [
+            sum_b.eq(st.byte_cnt + e.bytes),
+            cross.eq(sum_b >= p.byte_reset),
+            bc.eq(Mux(cross, sum_b - p.byte_reset, sum_b)),
+        ]
+        # Stages as increase() sees them: a TIMER's increase always follows it += 1, a SENT's
+        # ib += 1, so the class can be decided without waiting for the due / cross tests.
+        it_s = Signal(8)
+        ib_s = Signal(8)
+        hi = Signal(8)
+        lo = Signal(8)
+        m.d.comb += [
+            it_s.eq(Mux(k_tmr, _inc_sat8(st.it), st.it)),
+            ib_s.eq(Mux(k_sent, _inc_sat8(st.ib), st.ib)),
+            hi.eq(Mux(it_s > ib_s, it_s, ib_s)),
+            lo.eq(Mux(it_s > ib_s, ib_s, it_s)),
+        ]
+        s_due_a = _due(e.now, st.t_alpha, p.alpha_period)
+        s_due_r = _due(e.now, st.t_rate, p.time_reset)
+        s_due_f = _due(e.now, st.t_fm, p.fm_period)
+        alpha_up = Signal(P.ALPHA_BITS + 1)
+        m.d.comb += alpha_up.eq(st.alpha + ((Const(1 << P.ALPHA_BITS, P.ALPHA_BITS + 1) - st.alpha)
+                                            >> p.g_shift))
+        alpha_dn = (st.alpha - (st.alpha >> p.g_shift))[:P.ALPHA_BITS]
+        d_infl = (st.infl_last - st.infl_prev)[:16]
+        s_sent_d = k_sent & dcq & st.active
+        s_tmr_d = k_tmr & dcq & st.active
+        s_fm_upd = fmq & (k_cnp | (k_tmr & s_due_f))
+        m.d.comb += fm_long.eq(s2_valid & s_fm_upd)
+
+        with m.If(s2_valid):
+            m.d.sync += [
+                ev.eq(e),
+                ev.mode.eq(Mux(k_init, e.mode, st.mode)),
+                old.eq(st),
+                is_init.eq(k_init),
+                cnp_d.eq(k_cnp & dcq),
+                sent_d.eq(s_sent_d),
+                tmr_d.eq(s_tmr_d),
+                sent_f.eq(k_sent & fmq),
+                fm_upd.eq(s_fm_upd),
+                fm_per.eq(fmq & k_tmr & s_due_f),
+                due_a.eq(s_due_a),
+                due_r.eq(s_due_r),
+                fire.eq((s_sent_d & cross) | (s_tmr_d & s_due_r)),
+                bc_new.eq(Mux(bc[24], (1 << 24) - 1, bc[:24])),
+                it_new.eq(Mux(s_tmr_d & s_due_r, it_s, st.it)),
+                ib_new.eq(Mux(s_sent_d & cross, ib_s, st.ib)),
+                cls_fast.eq(hi < p.threshold),
+                cls_hyper.eq(lo >= p.threshold),
+                factor.eq(lo + 1 - p.threshold),
+                prod_dec.eq(st.rc * st.alpha[10:]),
+                prod_floor.eq(st.rc * mdf1311),
+                alpha_new.eq(Mux(k_cnp & dcq, Mux(alpha_up[P.ALPHA_BITS], (1 << P.ALPHA_BITS) - 1,
+                                                  alpha_up[:P.ALPHA_BITS]),
+                                 Mux(s_tmr_d & s_due_a, alpha_dn, st.alpha))),
+                cnps_new.eq(Mux(k_cnp & fmq, _inc_sat8(st.cnps), st.cnps)),
+                trend.eq(Mux(d_infl[15], 0, d_infl)),
+            ]
+
+        # ------------------------------------------------------------ S3
+        ph3 = Signal()
+        ph4 = Signal()
+        m.d.sync += [ph3.eq(s2_valid), ph4.eq(ph3)]
+        inc = Signal(RATE_BITS + 9)          # rt increase of increase()
+        rc_cnp = Signal(RATE_BITS)
+        qa = Signal(24)
+        qb = Signal(32)
+        pa = Signal(32)
+        dec = Signal(RATE_BITS + 10)
+        sub = Signal(RATE_BITS)
+        flo = Signal(RATE_BITS + 1)
+        m1 = Signal(RATE_BITS + 1)
+        m.d.comb += [
+            dec.eq(prod_dec >> p.gd),
+            sub.eq(Mux(old.rc >= dec, old.rc - dec, 0)),
+            flo.eq(prod_floor >> 17),
+            m1.eq(Mux(flo > p.min_rate, flo, p.min_rate)),
+        ]
+        with m.If(ph3):
+            m.d.sync += [
+                inc.eq(Mux(cls_hyper, p.hai_rate * factor, Mux(cls_fast, 0, p.ai_rate))),
+                rc_cnp.eq(Mux(sub > m1, sub, Mux(m1[RATE_BITS], _RATE_MAX, m1[:RATE_BITS]))),
+                qa.eq(p.fm_cnp_gain * cnps_new),
+                qb.eq(p.fm_trend_gain * trend),
+                pa.eq(p.fm_a * old.w),
+            ]
+
+        # ------------------------------------------------------------ S4: DCQCN result, write
+        rt_sum = Signal(RATE_BITS + 10)
+        rt_inc = Signal(RATE_BITS)
+        rc_inc = Signal(RATE_BITS)
+        m.d.comb += [
+            rt_sum.eq(old.rt + inc),
+            rt_inc.eq(Mux(rt_sum > p.max_rate, p.max_rate, rt_sum)),
+            rc_inc.eq((rt_inc + old.rc) >> 1),
+        ]
+        nx = Signal(st_layout)               # the new state of a 3-clock event
+        m.d.comb += nx.eq(old)
+        with m.If(is_init):
+            m.d.comb += [
+                nx.mode.eq(ev.mode), nx.active.eq(0), nx.rc.eq(p.max_rate), nx.rt.eq(p.max_rate),
+                nx.alpha.eq(p.initial_alpha << 10), nx.t_alpha.eq(ev.now), nx.t_rate.eq(ev.now),
+                nx.byte_cnt.eq(0), nx.it.eq(0), nx.ib.eq(0), nx.w.eq(sigma0), nx.cnps.eq(0),
+                nx.infl_prev.eq(0), nx.infl_last.eq(0), nx.t_fm.eq(ev.now),
+            ]
+        with m.Elif(cnp_d):
+            m.d.comb += [
+                nx.rt.eq(old.rc), nx.rc.eq(rc_cnp), nx.alpha.eq(alpha_new),
+                nx.t_alpha.eq(ev.now), nx.t_rate.eq(ev.now), nx.byte_cnt.eq(0),
+                nx.it.eq(0), nx.ib.eq(0), nx.active.eq(1),
+            ]
+        with m.Elif(sent_d | tmr_d):
+            m.d.comb += [nx.it.eq(it_new), nx.ib.eq(ib_new), nx.alpha.eq(alpha_new)]
+            with m.If(sent_d):
+                m.d.comb += nx.byte_cnt.eq(bc_new)
+            with m.If(tmr_d & due_a):
+                m.d.comb += nx.t_alpha.eq(ev.now)
+            with m.If(tmr_d & due_r):
+                m.d.comb += nx.t_rate.eq(ev.now)
+            with m.If(fire):
+                m.d.comb += [nx.rt.eq(rt_inc), nx.rc.eq(rc_inc),
+                             nx.active.eq(rc_inc != p.max_rate)]
+        with m.Elif(sent_f):
+            m.d.comb += nx.infl_last.eq(ev.inflight)
+
+        # ------------------------------------------------------------ F5..F10: FlowMatrix
+        f5, f6, f7, f8, f9, f10 = (Signal(name=f"f{i}") for i in range(5, 11))
+        m.d.sync += [f5.eq(ph4 & fm_upd), f6.eq(f5), f7.eq(f6), f8.eq(f7), f9.eq(f8), f10.eq(f9)]
+        q = Signal(16)
+        xb = Signal(32)
+        pb = Signal(33)
+        wn = Signal(16)
+        rr = Signal(RATE_BITS + 32 + 17)
+        qsum = qa + qb
+        with m.If(ph4):
+            m.d.sync += q.eq(Mux(qsum > 65535, 65535, qsum))
+        with m.If(f5):
+            m.d.sync += xb.eq(p.fm_b * q)
+        x = Signal(signed(26))               # signed Q8.8
+        m.d.comb += [x.eq(xb[8:] + p.fm_c), rom_upd.addr.eq(self._sig_index(m, x, "upd"))]
+        with m.If(f7):
+            m.d.sync += pb.eq(one_minus_a * rom_upd.data)
+        with m.If(f8):
+            m.d.sync += wn.eq((pa + pb) >> 16)
+        with m.If(f9):
+            m.d.sync += rr.eq(k * (65536 - wn))
+        v = rr[32:]
+        vmax = Signal(RATE_BITS)
+        rc_fm = Signal(RATE_BITS)
+        m.d.comb += [
+            vmax.eq(Mux(v > p.max_rate, p.max_rate, v)),
+            rc_fm.eq(Mux(vmax < p.min_rate, p.min_rate, vmax)),
+        ]
+        nf = Signal(st_layout)               # the new state of a FlowMatrix update
+        m.d.comb += [
+            nf.eq(old), nf.rc.eq(rc_fm), nf.w.eq(wn),
+            nf.cnps.eq(Mux(fm_per, 0, cnps_new)),
+            nf.infl_prev.eq(Mux(fm_per, old.infl_last, old.infl_prev)),
+            nf.t_fm.eq(Mux(fm_per, ev.now, old.t_fm)),
+        ]
+
+        # ------------------------------------------------------------ write, rate, trace
+        done3 = ph4 & ~fm_upd
+        m.d.comb += [
+            wr.addr.eq(ev.qp),
+            wr.en.eq(done3 | f10),
+            wr.data.eq(Mux(f10, nf, nx)),
+            self.trace.valid.eq(done3 | f10),
+            self.trace.payload.eq(ev),
+            self.rate.valid.eq((done3 & (is_init | cnp_d | fire)) | f10),
+            self.rate.payload.qp.eq(ev.qp),
+            self.rate.payload.rate.eq(Mux(f10, rc_fm, nx.rc)),
+        ]
+        return m
+
+    @staticmethod
+    def _sig_index(m, x, name):
+        """Sigmoid table index of the signed Q8.8 ``x``: clamp((x >> 4) + 128, 0, 255)."""
+        xi = Signal(signed(len(x) - 4 + 2), name=f"sig_xi_{name}")
+        idx = Signal(8, name=f"sig_idx_{name}")
+        m.d.comb += [
+            xi.eq((x >> 4) + SIGMOID_ENTRIES // 2),
+            idx.eq(Mux(xi < 0, 0, Mux(xi > SIGMOID_ENTRIES - 1, SIGMOID_ENTRIES - 1, xi[:8]))),
+        ]
+        return idx
