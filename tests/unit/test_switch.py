@@ -559,6 +559,16 @@ def test_red_and_limits_leave_other_draws_alone():
         return rec.seq, rec.copy, rec.cycle_out, rec.corrupt_at, action
 
     assert [strip(r) for r in a[2].history] == [strip(r) for r in d[2].history]
+    # The link's own stream is the documented one (five uniforms and 64 bits per frame from
+    # Random(seed)), RED on or off: the drops are those of a replay of it.
+    replay = random.Random(base["seed"])
+    want = []
+    for i in range(len(arrivals)):
+        if [replay.random() for _ in range(5)][0] < base["drop"]:
+            want.append(i)
+        replay.getrandbits(64)
+    for run_ in (a, d):
+        assert [r.seq for r in run_[2].history if r.action == "drop"] == want
     assert a[0] != d[0] and [x for x, _ in a[0]] == [x for x, _ in d[0]]
 
 
@@ -642,6 +652,24 @@ def test_queue_statistics_staircase(bpc):
     st = link.queue_stats()
     assert st.start == 1000 + d + w and st.peak == 2 * W and st.samples[0] == (1000 + d + w, 2 * W)
     assert st.mean == W * (2 * w + w) / (2 * w)
+
+
+def test_queue_follows_a_late_departure():
+    """A receiver stall (Link: ``sent`` later than scheduled) keeps the frame in the queue until
+    it really left the wire, and the next frame queues behind that."""
+    link = LinkModel(LinkConfig(delay=4, bytes_per_cycle=4))
+    f = bytes(100)                  # 124 wire bytes: 31 cycles
+    link.arrive(f, 0)
+    link.arrive(f, 0)
+    e = link.pop()
+    assert e.depart == 4
+    link.sent(e, 14)                # 10 cycles late
+    e2 = link.pop()
+    link.sent(e2, e2.depart)
+    assert e2.depart == 14 + 31
+    st = link.queue_stats()
+    assert st.samples[-2:] == [(14 + 31, 124), (14 + 62, 0)]
+    assert st.mean == Fraction(248 * 45 + 124 * 31, 76)
 
 
 def test_queue_samples_decimated():
