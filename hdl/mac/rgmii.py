@@ -1,0 +1,147 @@
+# Ref: HP/Broadcom/Marvell "Reduced Gigabit Media Independent Interface (RGMII)" v2.0 (2002):
+#      TXD/RXD[3:0] on the rising edge, [7:4] on the falling edge; TX_CTL/RX_CTL carry EN/DV on
+#      the rising edge and EN xor ER / DV xor ER on the falling edge.
+"""RGMII <-> GMII at 1 GbE (125 MHz, DDR nibbles), with the PHY's receive clock as ``eth_rx``.
+
+``RgmiiPhy`` turns the 4-bit double-data-rate RGMII pins into the 8-bit GMII of
+``stellar.hdl.mac.gmii`` (``GmiiSignature``, joined to ``MacCore.gmii`` with ``connect``)::
+
+    rx_clk ---------------------------------------------> eth_rx clock (defined here)
+    rx_data[4], rx_ctl -> DDR in (eth_rx) -> decode -> rxd[8], rx_dv, rx_er   (eth_rx, registered)
+    txd[8], tx_en, tx_er (eth_tx) -> encode -> DDR out (eth_tx) -> tx_data[4], tx_ctl
+    constant 1/0 -> DDR out (``txc_domain``) -> tx_clk
+
+Encoding: a byte ``b`` with control ``(en, er)`` is ``b[3:0], en`` on the rising edge and
+``b[7:4], en ^ er`` on the falling edge; the decoder inverts it (``rx_er = dv_rise ^ ctl_fall``).
+
+Domains: ``eth_rx`` is defined here (clocked by the PHY's RX clock; its reset is the
+``eth_tx`` reset, synchronized); ``eth_tx`` (the 125 MHz transmit clock) is the board top's.
+``txc_domain`` drives TX_CLK: ``"eth_tx"`` (default) puts clock and data edges together, for
+PHYs that delay TX_CLK themselves (RGMII-ID, the usual strap on the ECP5 boards); a top whose
+PHY does not can define a 90-degree-shifted copy of ``eth_tx`` (e.g. ``"eth_tx90"`` from the
+PLL) and name it here. Receive-side skew is left to the PHY's RX delay as well.
+
+Two ways to reach the pins:
+
+* ``RgmiiPhy(ports)``: ``ports`` has ``tx_clk``, ``tx_ctl``, ``tx_data`` (4), ``rx_clk``,
+  ``rx_ctl``, ``rx_data`` (4) as ``amaranth.lib.io`` ports, e.g.
+  ``platform.request("eth_rgmii", 0, dir="-")`` on the amaranth-boards ECP5 boards. Uses
+  ``io.DDRBuffer`` (IDDRX1F/ODDRX1F on ECP5, whose extra pipeline stages only add latency) and
+  ``io.Buffer`` for RX_CLK.
+* ``RgmiiPhy()`` (no ports): the pins are plain signals, member ``pins`` of
+  ``RgmiiPinsSignature`` (``txc``, ``tx_ctl``, ``txd`` out; ``rxc``, ``rx_ctl``, ``rxd`` in), and
+  the DDR registers are modelled with rising- and falling-edge flip-flops. This runs in the
+  Amaranth simulator and in Verilator, where cocotbext-eth's ``RgmiiSource``/``RgmiiSink``
+  drive and watch the pins of a generated Verilog top (``stellar.hdl.top.mac``).
+
+Ports (besides ``pins`` in the second form): ``gmii`` In(GmiiSignature()), the MAC's side.
+Latency: GMII tx -> pins 1 eth_tx clock (model; +2 on ECP5); pins -> GMII rx 2 eth_rx clocks.
+"""
+
+from amaranth.hdl import Cat, ClockDomain, ClockSignal, Module, Mux, ResetSignal, Signal
+from amaranth.lib import io, wiring
+from amaranth.lib.cdc import ResetSynchronizer
+from amaranth.lib.wiring import In, Out
+
+from .gmii import GmiiSignature
+
+__all__ = ["RgmiiPinsSignature", "RgmiiPhy"]
+
+
+class RgmiiPinsSignature(wiring.Signature):
+    """RGMII pins seen from the MAC: ``txc``, ``tx_ctl``, ``txd`` (4) out; ``rxc``, ``rx_ctl``,
+    ``rxd`` (4) in."""
+
+    def __init__(self):
+        super().__init__({
+            "txc":    Out(1),
+            "tx_ctl": Out(1),
+            "txd":    Out(4),
+            "rxc":    In(1),
+            "rx_ctl": In(1),
+            "rxd":    In(4),
+        })
+
+
+class RgmiiPhy(wiring.Component):
+    """RGMII <-> GMII (see the module docstring). Parameters: ``ports`` (None: modelled DDR
+    pins on member ``pins``), ``txc_domain`` (domain whose clock is sent on TX_CLK)."""
+
+    def __init__(self, ports=None, *, txc_domain="eth_tx"):
+        self._ports = ports
+        self.txc_domain = txc_domain
+        members = {"gmii": In(GmiiSignature())}
+        if ports is None:
+            members["pins"] = Out(RgmiiPinsSignature())
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.domains.eth_rx = ClockDomain("eth_rx")
+        m.submodules.eth_rx_reset = ResetSynchronizer(ResetSignal("eth_tx"), domain="eth_rx")
+
+        # The five DDR lanes, as (rising-edge half, falling-edge half): data nibble + ctl.
+        tx0, tx1 = Signal(5), Signal(5)
+        rx0, rx1 = Signal(5), Signal(5)
+        g = self.gmii
+        m.d.comb += [
+            tx0.eq(Cat(g.txd[:4], g.tx_en)),
+            tx1.eq(Cat(g.txd[4:], g.tx_en ^ g.tx_er)),
+        ]
+        m.d.eth_rx += [
+            g.rxd.eq(Cat(rx0[:4], rx1[:4])),
+            g.rx_dv.eq(rx0[4]),
+            g.rx_er.eq(rx0[4] ^ rx1[4]),
+        ]
+        if self._ports is None:
+            self._model_pins(m, tx0, tx1, rx0, rx1)
+        else:
+            self._buffers(m, tx0, tx1, rx0, rx1)
+        return m
+
+    def _buffers(self, m, tx0, tx1, rx0, rx1):
+        p = self._ports
+        m.submodules.rx_clk = rx_clk = io.Buffer("i", p.rx_clk)
+        m.d.comb += ClockSignal("eth_rx").eq(rx_clk.i)
+        m.submodules.rx_data = rx_data = io.DDRBuffer("i", p.rx_data, i_domain="eth_rx")
+        m.submodules.rx_ctl = rx_ctl = io.DDRBuffer("i", p.rx_ctl, i_domain="eth_rx")
+        m.submodules.tx_data = tx_data = io.DDRBuffer("o", p.tx_data, o_domain="eth_tx")
+        m.submodules.tx_ctl = tx_ctl = io.DDRBuffer("o", p.tx_ctl, o_domain="eth_tx")
+        m.submodules.tx_clk = tx_clk = io.DDRBuffer("o", p.tx_clk, o_domain=self.txc_domain)
+        m.d.comb += [
+            rx0.eq(Cat(rx_data.i[0], rx_ctl.i[0])),
+            rx1.eq(Cat(rx_data.i[1], rx_ctl.i[1])),
+            tx_data.o[0].eq(tx0[:4]), tx_data.o[1].eq(tx1[:4]),
+            tx_ctl.o[0].eq(tx0[4]), tx_ctl.o[1].eq(tx1[4]),
+            tx_clk.o[0].eq(1), tx_clk.o[1].eq(0),
+        ]
+
+    def _model_pins(self, m, tx0, tx1, rx0, rx1):
+        # Behavioural DDR registers with the same cycle semantics as io.DDRBuffer (input: the
+        # rising-edge sample and the falling-edge sample after it appear together on the next
+        # rising edge; output: the rising half is on the pin after a rising edge, the falling
+        # half after the falling edge that follows).
+        pins = self.pins
+        m.domains.eth_rx_fall = ClockDomain("eth_rx_fall", clk_edge="neg", reset_less=True,
+                                            local=True)
+        m.domains.eth_tx_fall = ClockDomain("eth_tx_fall", clk_edge="neg", reset_less=True,
+                                            local=True)
+        m.d.comb += [
+            ClockSignal("eth_rx").eq(pins.rxc),
+            ClockSignal("eth_rx_fall").eq(pins.rxc),
+            ClockSignal("eth_tx_fall").eq(ClockSignal("eth_tx")),
+        ]
+        pin_in = Cat(pins.rxd, pins.rx_ctl)
+        rise, fall = Signal(5), Signal(5)
+        m.d.eth_rx += [rise.eq(pin_in), rx0.eq(rise), rx1.eq(fall)]
+        m.d.eth_rx_fall += fall.eq(pin_in)
+
+        out_rise, out_fall_early, out_fall = Signal(5), Signal(5), Signal(5)
+        m.d.eth_tx += [out_rise.eq(tx0), out_fall_early.eq(tx1)]
+        m.d.eth_tx_fall += out_fall.eq(out_fall_early)
+        pin_out = Mux(ClockSignal("eth_tx"), out_rise, out_fall)
+        m.d.comb += [
+            pins.txd.eq(pin_out[:4]),
+            pins.tx_ctl.eq(pin_out[4]),
+            pins.txc.eq(ClockSignal(self.txc_domain)),
+        ]
