@@ -501,7 +501,7 @@ def test_red_marking_probability(seed):
     trials = {}                      # occupancy -> [ECT frames, marked]
     checked = set()
     ecn_of = {f: ip_ecn(f) for f in pool}
-    for (t, f), (d, g, rec), (q, _, start) in zip(arrivals, out, ref, strict=True):
+    for (_, f), (d, g, rec), (q, _, start) in zip(arrivals, out, ref, strict=True):
         assert rec.queue == q and d == math.ceil(start)
         ecn = ecn_of[f]
         marked = g != f
@@ -740,7 +740,7 @@ def test_flow_monitor_as_link_hook():
     link.add_monitor(hook)
     out = link.simulate([(37 * i, f) for i, f in enumerate(frames)])
     want = {}
-    for _, g, r in out:
+    for _, g, _ in out:
         want[bth_dest_qp(g)] = want.get(bth_dest_qp(g), 0) + len(g)
     assert hook.totals() == want and len(want) == 3 and link.counters.dropped > 0
     assert FlowMonitor.from_history(link.history, 500, 250).series() == hook.series()
