@@ -165,7 +165,7 @@ class RpModel:
             rt += p["ai_rate"]                     # additive increase
         rt = min(rt, p["max_rate"])
         s["rt"] = rt
-        s["rc"] = (rt + s["rc"]) // 2
+        s["rc"] = (rt + s["rc"] + 1) // 2           # half up: rt = max_rate pulls rc all the way
         if s["rc"] == p["max_rate"]:
             s["active"] = 0
         return s["rc"]

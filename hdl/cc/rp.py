@@ -38,8 +38,10 @@ DCQCN (mode 1):
   now. If t_rate is due for time_reset: it += 1 (saturating), t_rate = now, increase().
 - increase(): with hi = max(it, ib), lo = min(it, ib), F = threshold: hi < F: fast recovery
   (rt unchanged); lo >= F: hyper, rt += hai_rate * (lo - F + 1); else additive, rt += ai_rate.
-  Then rt = min(rt, max_rate); rc = (rt + rc) >> 1; active = 0 if rc == max_rate (the QP is no
-  longer limited and its timers stop). Emits rc, changed or not.
+  Then rt = min(rt, max_rate); rc = (rt + rc + 1) >> 1; active = 0 if rc == max_rate (the QP is
+  no longer limited and its timers stop). Emits rc, changed or not. The average rounds half up:
+  with the floor, rc = max_rate - 1 would average with rt = max_rate back to max_rate - 1 for
+  ever, so a QP could never recover fully nor go inactive.
 - An inactive QP ignores SENT and TIMER; NONE ignores everything but INIT.
 
 FlowMatrix (mode 2, EXPERIMENTAL: a smoothed sigmoid of a congestion signal sets the rate;
@@ -113,7 +115,7 @@ one write port (yosys replicates it once per read port); the sigmoid ROM is 256 
 read ports (update, sigma0).
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -468,7 +470,7 @@ class ReactionPoint(wiring.Component):
         m.d.comb += [
             rt_sum.eq(old.rt + inc),
             rt_inc.eq(Mux(rt_sum > p.max_rate, p.max_rate, rt_sum)),
-            rc_inc.eq((rt_inc + old.rc) >> 1),
+            rc_inc.eq((rt_inc + old.rc + 1) >> 1),
         ]
         nx = Signal(st_layout)               # the new state of a 3-clock event
         m.d.comb += nx.eq(old)
