@@ -6,7 +6,7 @@
 ``RgmiiPhy`` turns the 4-bit double-data-rate RGMII pins into the 8-bit GMII of
 ``stellar.hdl.mac.gmii`` (``GmiiSignature``, joined to ``MacCore.gmii`` with ``connect``)::
 
-    rx_clk ---------------------------------------------> eth_rx clock (defined here)
+    rx_clk ---------------------------------------------> rx_clk (the top's eth_rx clock)
     rx_data[4], rx_ctl -> DDR in (eth_rx) -> decode -> rxd[8], rx_dv, rx_er   (eth_rx, registered)
     txd[8], tx_en, tx_er (eth_tx) -> encode -> DDR out (eth_tx) -> tx_data[4], tx_ctl
     constant 1/0 -> DDR out (``txc_domain``) -> tx_clk
@@ -14,8 +14,15 @@
 Encoding: a byte ``b`` with control ``(en, er)`` is ``b[3:0], en`` on the rising edge and
 ``b[7:4], en ^ er`` on the falling edge; the decoder inverts it (``rx_er = dv_rise ^ ctl_fall``).
 
-Domains: ``eth_rx`` is defined here (clocked by the PHY's RX clock; its reset is the
-``eth_tx`` reset, synchronized); ``eth_tx`` (the 125 MHz transmit clock) is the board top's.
+Domains, all defined by the top (a domain defined in one block and used by a sibling is on
+its way out of Amaranth): ``eth_rx``, clocked by ``rx_clk`` (the PHY's RX clock, out of this
+block), e.g. with its reset synchronized from ``eth_tx``'s::
+
+    m.domains.eth_rx = ClockDomain()
+    m.d.comb += ClockSignal("eth_rx").eq(phy.rx_clk)
+    m.submodules.eth_rx_rst = ResetSynchronizer(ResetSignal("eth_tx"), domain="eth_rx")
+
+and ``eth_tx``, the 125 MHz transmit clock.
 ``txc_domain`` drives TX_CLK: ``"eth_tx"`` (default) puts clock and data edges together, for
 PHYs that delay TX_CLK themselves (RGMII-ID, the usual strap on the ECP5 boards); a top whose
 PHY does not can define a 90-degree-shifted copy of ``eth_tx`` (e.g. ``"eth_tx90"`` from the
@@ -34,13 +41,13 @@ Two ways to reach the pins:
   Amaranth simulator and in Verilator, where cocotbext-eth's ``RgmiiSource``/``RgmiiSink``
   drive and watch the pins of a generated Verilog top (``stellar.hdl.top.mac``).
 
-Ports (besides ``pins`` in the second form): ``gmii`` In(GmiiSignature()), the MAC's side.
+Ports (besides ``pins`` in the second form): ``gmii`` In(GmiiSignature()), the MAC's side;
+``rx_clk`` Out(1), the receive clock from the pin (for the ``eth_rx`` domain).
 Latency: GMII tx -> pins 1 eth_tx clock (model; +2 on ECP5); pins -> GMII rx 2 eth_rx clocks.
 """
 
-from amaranth.hdl import Cat, ClockDomain, ClockSignal, Module, Mux, ResetSignal, Signal
+from amaranth.hdl import Cat, ClockDomain, ClockSignal, Module, Mux, Signal
 from amaranth.lib import io, wiring
-from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
 
 from .gmii import GmiiSignature
@@ -70,15 +77,13 @@ class RgmiiPhy(wiring.Component):
     def __init__(self, ports=None, *, txc_domain="eth_tx"):
         self._ports = ports
         self.txc_domain = txc_domain
-        members = {"gmii": In(GmiiSignature())}
+        members = {"gmii": In(GmiiSignature()), "rx_clk": Out(1)}
         if ports is None:
             members["pins"] = Out(RgmiiPinsSignature())
         super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
-        m.domains.eth_rx = ClockDomain("eth_rx")
-        m.submodules.eth_rx_reset = ResetSynchronizer(ResetSignal("eth_tx"), domain="eth_rx")
 
         # The five DDR lanes, as (rising-edge half, falling-edge half): data nibble + ctl.
         tx0, tx1 = Signal(5), Signal(5)
@@ -102,7 +107,7 @@ class RgmiiPhy(wiring.Component):
     def _buffers(self, m, tx0, tx1, rx0, rx1):
         p = self._ports
         m.submodules.rx_clk = rx_clk = io.Buffer("i", p.rx_clk)
-        m.d.comb += ClockSignal("eth_rx").eq(rx_clk.i)
+        m.d.comb += self.rx_clk.eq(rx_clk.i)
         m.submodules.rx_data = rx_data = io.DDRBuffer("i", p.rx_data, i_domain="eth_rx")
         m.submodules.rx_ctl = rx_ctl = io.DDRBuffer("i", p.rx_ctl, i_domain="eth_rx")
         m.submodules.tx_data = tx_data = io.DDRBuffer("o", p.tx_data, o_domain="eth_tx")
@@ -127,7 +132,7 @@ class RgmiiPhy(wiring.Component):
         m.domains.eth_tx_fall = ClockDomain("eth_tx_fall", clk_edge="neg", reset_less=True,
                                             local=True)
         m.d.comb += [
-            ClockSignal("eth_rx").eq(pins.rxc),
+            self.rx_clk.eq(pins.rxc),
             ClockSignal("eth_rx_fall").eq(pins.rxc),
             ClockSignal("eth_tx_fall").eq(ClockSignal("eth_tx")),
         ]

@@ -14,6 +14,7 @@ import zlib
 import pytest
 from amaranth.hdl import ClockDomain, ClockSignal, Module, ResetSignal, Signal
 from amaranth.lib import stream, wiring
+from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from stellar.hdl.axis import stream_to_axis
@@ -515,6 +516,9 @@ class RgmiiLoop(wiring.Component):
         m = Module()
         m.submodules.phy = phy = self.phy
         m.domains.eth_tx90 = ClockDomain("eth_tx90", reset_less=True)
+        m.domains.eth_rx = ClockDomain("eth_rx")
+        m.d.comb += ClockSignal("eth_rx").eq(phy.rx_clk)
+        m.submodules.eth_rx_rst = ResetSynchronizer(ResetSignal("eth_tx"), domain="eth_rx")
         g, p = phy.gmii, phy.pins
         m.d.comb += [g.txd.eq(self.txd), g.tx_en.eq(self.tx_en), g.tx_er.eq(self.tx_er),
                      self.rxd.eq(g.rxd), self.rx_dv.eq(g.rx_dv), self.rx_er.eq(g.rx_er),
@@ -596,6 +600,8 @@ def test_rgmii_hardware_buffers_elaborate():
             m.submodules.clk = buf = io.Buffer("i", clk)
             m.d.comb += [ClockSignal("eth_tx").eq(buf.i), ClockSignal("sync").eq(buf.i)]
             m.submodules.phy = phy = RgmiiPhy(platform.request("eth_rgmii", 0, dir="-"))
+            m.domains.eth_rx = ClockDomain("eth_rx")
+            m.d.comb += ClockSignal("eth_rx").eq(phy.rx_clk)
             m.submodules.mac = mac = MacCore()
             wiring.connect(m, mac.gmii, phy.gmii)
             keep = Signal()
