@@ -69,10 +69,10 @@ class MacTB:
     def counters(self):
         return {name: getattr(self.dut, f"count_{name}").value.to_unsigned() for name in COUNTERS}
 
-    async def send_wire(self, frames, rng, *, idle_max=40, errors=None):
+    async def send_wire(self, frames, rng, *, idle_max=40):
         """Frames (with their FCS and preamble as GmiiFrames) into rgmii_rx*, each after a
         random idle time."""
-        for n, f in enumerate(frames):
+        for f in frames:
             if rng.random() < 0.5:
                 await ClockCycles(self.dut.rgmii_rxc, rng.randint(0, idle_max))
             await self.source.send(f)
@@ -100,7 +100,9 @@ def scapy_frame(rng):
     eth = Ether(src=f"02:00:00:00:00:{rng.randrange(256):02x}", dst="02:00:00:00:01:02")
     l3 = IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=rng.randrange(65536), dport=4791)
     payload = Raw(bytes(rng.randrange(256) for _ in range(rng.choice([0, 1, 5, 18, 64, 200, 400]))))
-    pkt = eth / Dot1Q(vlan=rng.randrange(1, 4095)) / l3 / payload if rng.random() < 0.3 else eth / l3 / payload
+    if rng.random() < 0.3:
+        eth = eth / Dot1Q(vlan=rng.randrange(1, 4095))
+    pkt = eth / l3 / payload
     return bytes(pkt)
 
 
@@ -162,7 +164,7 @@ async def errors_dropped_and_counted(dut):
     await tb.reset()
     rng = random.Random(cocotb.RANDOM_SEED + 1)
     sent, want, expect = [], [], {name: 0 for name in COUNTERS}
-    for k in range(tb_param("frames", int, 24)):
+    for _ in range(tb_param("frames", int, 24)):
         kind = rng.choice(["good", "good", "fcs", "payload", "er", "runt", "big"])
         frame = scapy_frame(rng) if kind != "big" else raw_frame(rng, rng.randint(1519, 1540))
         frame = frame + bytes(max(0, 60 - len(frame)))
