@@ -4,6 +4,13 @@ Pure Python, written from the reaction point's specification (the module docstri
 ``stellar.hdl.cc.rp``), not from its gateware: the tests replay the events the gateware traced
 into this model and compare every rate it emits and, at the end, every QP's state word.
 
+Rules the specification settles that a first reading might get wrong (all in that docstring):
+timestamps are due when ``(now - t) mod 2**32`` is below 2**31 and at least the period;
+increase() averages ``(rt + rc + 1) >> 1`` (half up, so a QP does reach max_rate and goes
+inactive); rc, alpha and byte_cnt saturate instead of wrapping; a FlowMatrix CNP updates at once
+but only the periodic update clears ``cnps`` and moves ``infl_prev``; a QP in mode 3 acts like
+mode 0.
+
 Units: rates Mb/s (20-bit), time ``now`` in microseconds (32-bit, wraps), alpha Q0.20, FlowMatrix
 weight Q0.16, congestion signal Q8.8. ``params`` is a dict with the names of
 ``stellar.hdl.cc.params.RP_PARAM_FIELDS`` (``fm_c`` as a signed int or as its 16 raw bits).

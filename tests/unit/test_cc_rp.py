@@ -421,6 +421,11 @@ def test_dcqcn_floors():
     p = dict(DEFAULTS, max_rate=3, min_rate=1)
     b = _direct(p, [(0, 50, ("init", 0, DCQCN)), (5, 50, ("cnp", 0)), (5, 50, ("cnp", 0))])
     assert _rates(b, 0) == [3, 2, 2]
+    # min_dec_fac 127 % at the largest rate: floor = 1048575 * 127 * 1311 >> 17 = 1331924 does
+    # not fit 20 bits: the rate saturates at 2**20 - 1
+    p = dict(DEFAULTS, max_rate=(1 << 20) - 1, min_dec_fac=127)
+    b = _direct(p, [(0, 50, ("init", 0, DCQCN)), (5, 50, ("cnp", 0))])
+    assert _rates(b, 0) == [(1 << 20) - 1] * 2
     # gd = 9: the decrease 3 * 1023 >> 9 = 5 exceeds the rate; no floor: min_rate (1, then 0)
     for lo in (1, 0):
         p = dict(DEFAULTS, max_rate=3, min_rate=lo, gd=9, min_dec_fac=0)
