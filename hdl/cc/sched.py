@@ -132,8 +132,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from .units import (RATE_BITS, RATE_UNLIMITED, SAT_BITS, SCALE_BITS, STAMP_FRAC, STAMP_INT,
-                    TOKEN_BITS)
+from .units import RATE_BITS, RATE_UNLIMITED, SAT_BITS, SCALE_BITS, STAMP_FRAC, STAMP_INT, TOKEN_BITS
 
 __all__ = ["TxScheduler", "qp_layout", "sent_layout", "rate_layout", "attr_layout",
            "tenant_cfg_layout"]

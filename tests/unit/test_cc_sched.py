@@ -176,7 +176,7 @@ class Bench:
             ys.append(acc)
             acc += b
         mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        return (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+        return (sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
                 / sum((x - mx) ** 2 for x in xs))
 
     def bytes_of(self, qps, t0, t1):
@@ -227,7 +227,7 @@ def test_pacer_accuracy(rates):
     clocks, warm = 10000, 2000
 
     async def body(ctx):
-        for q, r in zip(paced, rates):
+        for q, r in zip(paced, rates, strict=True):
             b.set_rate(q, r)
         for q in paced + free:
             b.set_attr(q, tenant=0, tclass=2, weight=1)
@@ -237,7 +237,7 @@ def test_pacer_accuracy(rates):
         await b.run(ctx, clocks)
     simulate(dut, body)
 
-    for q, r in zip(paced, rates):
+    for q, r in zip(paced, rates, strict=True):
         got = b.rate([q], warm)
         want = per_clock(r, us)
         err = got / want - 1
@@ -245,7 +245,7 @@ def test_pacer_accuracy(rates):
         assert abs(err) < 0.01
     fair = maxmin(b.wire, [per_clock(r, us) for r in rates] + [None] * len(free))
     assert fair[:len(rates)] == [per_clock(r, us) for r in rates]   # the rates are reachable
-    for q, want in zip(free, fair[len(rates):]):
+    for q, want in zip(free, fair[len(rates):], strict=True):
         share = b.bytes_of([q], warm, b.clock) / (b.clock - warm)
         print(f"unlimited QP {q}: {share:.3f} B/clk, max-min share {want:.3f}")
         assert abs(share / want - 1) < 0.03
