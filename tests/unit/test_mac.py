@@ -561,9 +561,11 @@ def test_rgmii_encoding_and_loop():
     sim.add_testbench(probe, background=True)
     sim.run()
     enc = [((d & 0xF, en), (d >> 4, en ^ er)) for d, en, er in seq]
+    assert enc[0] in pins, f"first byte's encoding {enc[0]} never on the pins: {pins[:12]}"
     start = pins.index(enc[0])
     assert pins[start:start + len(enc)] == enc
-    first = next(n for n, x in enumerate(decoded) if x == seq[0])
+    assert seq[0] in decoded, f"first byte {seq[0]} never decoded: {decoded[:12]}"
+    first = decoded.index(seq[0])
     assert decoded[first:first + len(seq)] == seq
     assert first == 4 + 3
 
