@@ -13,7 +13,7 @@ within about +-4 % of the rate is received. A byte not taken from ``o`` before t
 is complete is overwritten (``overrun`` pulses); the bridge always keeps up.
 
 ``UartTx(divisor)``: ``i`` In(stream.Signature(8)) -> ``tx`` Out(1, init=1): start bit, 8 data
-bits LSB first, stop bit, ``divisor`` clocks each; the next byte follows without a gap.
+bits LSB first, stop bit, ``divisor`` clocks each; a waiting byte starts 1 clock after the stop bit.
 
 ``divisor`` is clocks per bit: ``clk_hz // baud`` (125 MHz / 115200 -> 1085).
 

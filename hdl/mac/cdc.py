@@ -40,9 +40,10 @@ Parameters: ``data_width`` W (multiple of 8, default 64), ``max_frame`` (bytes w
 two >= max_frame; default 4096: two full-size frames, 2 EBRs each on ECP5), ``cdc_depth`` (beats
 of each asynchronous FIFO, default 16), ``ifg`` (default 12).
 
-Latency (clocks of the domain named): a received frame's first beat reaches ``m_axis_rx``
-about 3 eth_rx + 8/W*8 + 4 sync clocks after RX_DV falls; a frame written to ``s_axis_tx``
-starts its preamble about 4 eth_tx clocks after its last byte reached the eth_tx packet FIFO.
+Latency: a received frame is committed 2 eth_rx clocks after RX_DV falls; its first beat then
+needs W/8 eth_rx clocks in the packer and the asynchronous FIFO's pointer synchronizers (about 3
+sync clocks) to reach ``m_axis_rx``. A frame written to ``s_axis_tx`` starts its preamble 3
+eth_tx clocks after its last byte entered the eth_tx packet FIFO.
 """
 
 from amaranth.hdl import Cat, DomainRenamer, Module, Mux, Signal

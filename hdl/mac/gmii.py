@@ -33,11 +33,13 @@ one-clock pulses (priority in this order when several apply):
   ``fcs_error``    FCS mismatch
   ``overrun``      good, but the FIFO had no room for it (the reader is back-pressured)
   ``frame``        good and queued for ``o``.
-Pulses come 1 clock after RX_DV falls (input register included).
+Pulses come 2 clocks after RX_DV falls (input register included).
   ``rxd``, ``rx_dv``, ``rx_er``   In   GMII receive (registered here before use).
   ``o``            Out  stream of ``BYTE_LAYOUT``: good frames without FCS, in order.
 The wire cannot be stalled: when ``o`` is back-pressured long enough for the FIFO to fill, the
-frame being received is dropped whole (``overrun``); frames already queued are untouched.
+frame being received is dropped whole (``overrun``); frames already queued are untouched. A
+frame of n bytes (without FCS) is kept exactly when the bytes queued and not yet read plus n fit
+in ``fifo_depth``, so a short frame may still fit after a long one was dropped.
 Parameters: ``max_frame`` (bytes with FCS, default 1522: 1500-byte payload with a VLAN tag),
 ``fifo_depth`` (bytes, power of two, >= ``max_frame``). Latency: a frame's first byte is on ``o``
 3 clocks after RX_DV falls at its end (store and forward).
