@@ -83,15 +83,17 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
 Input FIFOs and the spacing that keeps them from overflowing (an event that finds its FIFO full
 is lost and pulses ``lost``): ``sent`` holds 8 and never overflows when sent events come at
 most once per 4 clocks and the init and cnp events of any window of T clocks need at most
-T/4 + 9 clocks of the machine (3 each; 9 for a CNP of a FlowMatrix QP) -- e.g. one CNP per 12
-clocks on average, bursts of three. ``cnp`` holds 8: CNPs at most one per 9 clocks on average
-(bursts of 7), ``init`` holds 4 (host writes). Timer events are issued only when all three
-FIFOs are empty.
+T/4 + 9 clocks of the machine (3 each; 9 for a CNP of a FlowMatrix QP) -- e.g. DCQCN CNPs at
+one per 12 clocks with bursts of three, or FlowMatrix CNPs at one per 36. (Timer events are
+issued only when all three FIFOs are empty, so at most one, of at most 9 clocks, delays a
+backlog.) ``cnp`` holds 8: CNPs at most one per 9 clocks on average (bursts of 7); ``init``
+holds 4 (host writes, tens of clocks apart).
 
-Timer scanner: reads one QP per clock through a second RAM read port, round robin, and raises
+Timer scanner: reads one QP per clock through a second RAM read port, round robin (the word is
+registered, then tested: a QP's test is 2 clocks behind its read), and raises
 TIMER for a QP of mode DCQCN that is active with t_alpha or t_rate due, or of mode FlowMatrix
 with t_fm due. One request waits in a slot for the machine; while the slot is full the
-scanner re-reads the QP it found due (so no QP is skipped). Its view may be a clock stale: the
+scanner re-reads the QP it found due (so no QP is skipped). Its view may be 2 clocks stale: the
 machine re-checks every condition, and a TIMER with nothing due only appears in the trace.
 
 Ports (``IB`` = log2(qps); every stream is always ready; ``qps`` a power of two >= 2):
@@ -261,31 +263,41 @@ class ReactionPoint(wiring.Component):
         h_sent = data.StructLayout({"qp": ib, "bytes": 16, "inflight": 16})(f_sent.r_data)
 
         # ------------------------------------------------------------ timer scanner
+        # Two stages, so that no arithmetic hangs off the block-RAM output: the word of QP q1 is
+        # on sc_rd.data, the word of QP q2 (registered) is tested for due timers.
         sc_addr = Signal(ib)                  # QP read at this clock's edge
-        sc_qp = Signal(ib)                    # QP whose word is on sc_rd.data
-        sc_valid = Signal()
+        q1 = Signal(ib)
+        v1 = Signal()
+        q2 = Signal(ib)
+        v2 = Signal()
+        w2 = Signal(data.StructLayout({"mode": 2, "active": 1, "t_alpha": 32, "t_rate": 32,
+                                       "t_fm": 32}))
         t_valid = Signal()                    # the TIMER request slot
         t_qp = Signal(ib)
         t_take = Signal()                     # the machine issues the slot's TIMER this clock
-        w = sc_rd.data
         found = Signal()
         m.d.comb += [
             sc_rd.addr.eq(sc_addr),
-            found.eq(sc_valid & (
-                ((w.mode == P.MODE_DCQCN) & w.active
-                 & (_due(self.now_us, w.t_alpha, p.alpha_period)
-                    | _due(self.now_us, w.t_rate, p.time_reset)))
-                | ((w.mode == P.MODE_FLOWMATRIX) & _due(self.now_us, w.t_fm, p.fm_period)))),
+            found.eq(v2 & (
+                ((w2.mode == P.MODE_DCQCN) & w2.active
+                 & (_due(self.now_us, w2.t_alpha, p.alpha_period)
+                    | _due(self.now_us, w2.t_rate, p.time_reset)))
+                | ((w2.mode == P.MODE_FLOWMATRIX) & _due(self.now_us, w2.t_fm, p.fm_period)))),
         ]
         with m.If(t_take):
             m.d.sync += t_valid.eq(0)
         with m.If(found & t_valid & ~t_take):
-            # Slot busy: read this QP again (the word read this clock is for the next QP).
-            m.d.sync += [sc_addr.eq(sc_qp), sc_valid.eq(0)]
+            # Slot busy: read q2 again (the words behind it are dropped and read again too).
+            m.d.sync += [sc_addr.eq(q2), v1.eq(0), v2.eq(0)]
         with m.Else():
-            m.d.sync += [sc_addr.eq(sc_addr + 1), sc_qp.eq(sc_addr), sc_valid.eq(1)]
+            m.d.sync += [
+                sc_addr.eq(sc_addr + 1), q1.eq(sc_addr), v1.eq(1), q2.eq(q1), v2.eq(v1),
+                w2.mode.eq(sc_rd.data.mode), w2.active.eq(sc_rd.data.active),
+                w2.t_alpha.eq(sc_rd.data.t_alpha), w2.t_rate.eq(sc_rd.data.t_rate),
+                w2.t_fm.eq(sc_rd.data.t_fm),
+            ]
             with m.If(found):
-                m.d.sync += [t_valid.eq(1), t_qp.eq(sc_qp)]
+                m.d.sync += [t_valid.eq(1), t_qp.eq(q2)]
 
         # ------------------------------------------------------------ issue
         cool = Signal(range(8))               # clocks until the next issue is allowed
