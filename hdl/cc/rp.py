@@ -67,9 +67,10 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
 - I: the arbiter picks the highest-priority event and presents its QP to the RAM.
 - I+1 (S1): the RAM word is registered (block-RAM output to a flip-flop, nothing else).
 - I+2 (S2): the word, replaced by the last written word when that was the same QP (the write of
-  the previous event lands after this event's read), is decoded; due tests, byte counter,
-  stages, the CNP products; I+3 (S3): increase step (hai_rate * factor), CNP decrease, FlowMatrix
-  Q products; I+4 (S4): new rates; the state is written, ``rate`` and ``trace`` pulse.
+  the previous event lands after this event's read; the choice is registered in S1), is
+  decoded; due tests, byte counter, stages, the CNP products; I+3 (S3): increase step (hai_rate
+  * factor), CNP decrease, alpha, FlowMatrix Q products; I+4 (S4): new rates; the state is
+  written, ``rate`` and ``trace`` pulse.
 - So events issue every 3 clocks (I+3 is the next issue: its S2 at I+5 sees this write by
   forwarding). A FlowMatrix update (CNP of a mode-2 QP, or its TIMER with the period due)
   continues through F5..F10, one multiply per stage (fm_b * Q; table ROM; (1 - a) * s; W;
@@ -346,10 +347,15 @@ class ReactionPoint(wiring.Component):
             m.d.sync += s1_ev.eq(ev_i)
         with m.If(s1_valid):
             m.d.sync += [s2_ev.eq(s1_ev), s2_mem.eq(rd.data)]
+        # Which word S2 uses, decided here so that S2 starts from flip-flops only: the last
+        # write as it will stand at S2 (a write at this edge, else the one before) if it is to
+        # this event's QP, else the RAM word.
+        fwd = Signal()
+        m.d.sync += fwd.eq(Mux(wr.en, wr.addr == s1_ev.qp, lw_valid & (lw_qp == s1_ev.qp)))
 
         # ------------------------------------------------------------ S2: decode
         st = Signal(st_layout)
-        m.d.comb += st.eq(Mux(lw_valid & (lw_qp == s2_ev.qp), lw_data, s2_mem))
+        m.d.comb += st.eq(Mux(fwd, lw_data, s2_mem))
         e = s2_ev
         k_init = e.kind == RpEvent.INIT
         k_cnp = e.kind == RpEvent.CNP
@@ -379,7 +385,6 @@ class ReactionPoint(wiring.Component):
         factor = Signal(9)                   # lo - F + 1 when hyper (1..256)
         prod_dec = Signal(RATE_BITS + 10)
         prod_floor = Signal(RATE_BITS + 18)
-        alpha_new = Signal(P.ALPHA_BITS)
         cnps_new = Signal(8)
         trend = Signal(16)
 
@@ -407,10 +412,6 @@ class ReactionPoint(wiring.Component):
         s_due_a = _due(e.now, st.t_alpha, p.alpha_period)
         s_due_r = _due(e.now, st.t_rate, p.time_reset)
         s_due_f = _due(e.now, st.t_fm, p.fm_period)
-        alpha_up = Signal(P.ALPHA_BITS + 1)
-        m.d.comb += alpha_up.eq(st.alpha + ((Const(1 << P.ALPHA_BITS, P.ALPHA_BITS + 1) - st.alpha)
-                                            >> p.g_shift))
-        alpha_dn = (st.alpha - (st.alpha >> p.g_shift))[:P.ALPHA_BITS]
         d_infl = (st.infl_last - st.infl_prev)[:16]
         s_sent_d = k_sent & dcq & st.active
         s_tmr_d = k_tmr & dcq & st.active
@@ -440,9 +441,6 @@ class ReactionPoint(wiring.Component):
                 factor.eq(lo + 1 - p.threshold),
                 prod_dec.eq(st.rc * st.alpha[10:]),
                 prod_floor.eq(st.rc * mdf1311),
-                alpha_new.eq(Mux(k_cnp & dcq, Mux(alpha_up[P.ALPHA_BITS], (1 << P.ALPHA_BITS) - 1,
-                                                  alpha_up[:P.ALPHA_BITS]),
-                                 Mux(s_tmr_d & s_due_a, alpha_dn, st.alpha))),
                 cnps_new.eq(Mux(k_cnp & fmq, _inc_sat8(st.cnps), st.cnps)),
                 trend.eq(Mux(d_infl[15], 0, d_infl)),
             ]
@@ -466,8 +464,17 @@ class ReactionPoint(wiring.Component):
             flo.eq(prod_floor >> 17),
             m1.eq(Mux(flo > p.min_rate, flo, p.min_rate)),
         ]
+        # alpha: (1 - g) alpha + g on a CNP, (1 - g) alpha when its timer is due
+        alpha_new = Signal(P.ALPHA_BITS)
+        alpha_up = Signal(P.ALPHA_BITS + 1)
+        m.d.comb += alpha_up.eq(old.alpha + ((Const(1 << P.ALPHA_BITS, P.ALPHA_BITS + 1) - old.alpha)
+                                             >> p.g_shift))
+        alpha_dn = (old.alpha - (old.alpha >> p.g_shift))[:P.ALPHA_BITS]
         with m.If(ph3):
             m.d.sync += [
+                alpha_new.eq(Mux(cnp_d, Mux(alpha_up[P.ALPHA_BITS], (1 << P.ALPHA_BITS) - 1,
+                                            alpha_up[:P.ALPHA_BITS]),
+                                 Mux(tmr_d & due_a, alpha_dn, old.alpha))),
                 inc.eq(Mux(cls_hyper, p.hai_rate * factor, Mux(cls_fast, 0, p.ai_rate))),
                 rc_cnp.eq(Mux(sub > m1, sub, Mux(m1[RATE_BITS], _RATE_MAX, m1[:RATE_BITS]))),
                 qa.eq(p.fm_cnp_gain * cnps_new),
