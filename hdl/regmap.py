@@ -79,6 +79,8 @@ __all__ = [
     "pktengine_block", "pktengine_config", "flow_block", "flow_config", "qpctx_block",
     "qpctx_config", "mr_block", "mr_config", "transport_block", "transport_config", "GIDS",
     "FEATURE_TRANSPORT", "FEATURE_CC", "cc_block", "cc_config", "CC_CLASSES",
+    "FEATURE_MAC", "FEATURE_WQ", "mac_block", "wq_block", "wq_config", "MAC_COUNTERS",
+    "WQ_WR_WORDS", "WQ_RR_WORDS", "WQ_CQ_WORDS",
     "BLOCKS", "REGMAP",
 ]
 
@@ -100,6 +102,8 @@ FEATURE_QPCTX = 3
 FEATURE_MR = 4
 FEATURE_TRANSPORT = 5
 FEATURE_CC = 6
+FEATURE_MAC = 7
+FEATURE_WQ = 8
 
 FEATURE_NAMES = {
     FEATURE_PKTENGINE: "pktengine",
@@ -108,6 +112,8 @@ FEATURE_NAMES = {
     FEATURE_MR: "mr",
     FEATURE_TRANSPORT: "transport",
     FEATURE_CC: "cc",
+    FEATURE_MAC: "mac",
+    FEATURE_WQ: "wq",
 }
 
 
@@ -720,7 +726,81 @@ def cc_block(name="cc", base=0x0600):
     ], feature=FEATURE_CC)
 
 
+# The MAC's event counters, in the order of stellar.hdl.mac.cdc.COUNTERS (kept here as plain
+# names because this module must not import amaranth; tests check the two lists agree).
+MAC_COUNTERS = (
+    ("rx_frames", "Good frames received and queued for the core."),
+    ("rx_fcs_errors", "Frames dropped: FCS mismatch."),
+    ("rx_phy_errors", "Frames dropped: RX_ER during the frame, or no valid preamble/SFD."),
+    ("rx_runts", "Frames dropped: shorter than 64 bytes with FCS."),
+    ("rx_oversize", "Frames dropped: longer than the MAC's max_frame (1522 bytes with FCS)."),
+    ("rx_overruns", "Good frames dropped whole: the receive FIFO was full (core back-pressure)."),
+    ("tx_frames", "Frames sent on the wire."),
+    ("tx_dropped", "Frames to send discarded: longer than the transmit packet FIFO."),
+)
+
+
+def mac_block(name="mac", base=0x0700):
+    """The board's Ethernet MAC (stellar.hdl.mac): event counters, in the core clock domain."""
+    return Block(name, base, 1, "Ethernet MAC of a board top (stellar.hdl.mac.MacCore, RGMII 1 GbE): "
+                 "per-frame event counters, counted in the core clock domain.", [
+        _clear(),
+        *[_counter(reg, 0x10 + 4 * i, doc) for i, (reg, doc) in enumerate(MAC_COUNTERS)],
+    ], feature=FEATURE_MAC)
+
+
+WQ_WR_WORDS = 18    # a work request, stellar.hdl.transport.formats.WORK_REQUEST, in 576 bits
+WQ_RR_WORDS = 6     # a receive request, RECV_REQUEST, in 192 bits
+WQ_CQ_WORDS = 6     # a completion, COMPLETION, in 192 bits
+
+
+def wq_config(wr_depth, rr_depth, cq_depth):
+    """Value of ``wq.config``: the three queue depths, a byte each."""
+    for d in (wr_depth, rr_depth, cq_depth):
+        if not 1 <= d <= 0xFF:
+            raise ValueError(f"queue depth {d} does not fit in a byte")
+    return wr_depth | (rr_depth << 8) | (cq_depth << 16)
+
+
+def wq_block(name="wq", base=0x0800):
+    """Work-request / receive-request / completion queues through registers, for board tops whose
+    host reaches the core only through the control bridge (no DMA-fetched rings)."""
+    def command(reg, offset, doc):
+        return Register(reg, offset, 1, "command", doc)
+
+    def level(reg, offset, doc):
+        return Register(reg, offset, 8, "ro", doc)
+
+    return Block(name, base, 1, "Register queues of a board top (stellar.hdl.boards.wq): the driver "
+                 "writes wr_data0..17 with a WORK_REQUEST (stellar.hdl.transport.formats, bit 0 in "
+                 "wr_data0 bit 0) and writes wr_push; likewise rr_data0..5 and rr_push for a "
+                 "RECV_REQUEST. Completions wait in a FIFO: cq_data0..5 show the oldest (zero when "
+                 "cq_level is 0) and cq_pop removes it. A push into a full queue or a pop of an "
+                 "empty one changes nothing and is counted.", [
+        _clear(),
+        command("wr_push", 0x08, "Write (any value) to queue the work request in wr_data0..17."),
+        command("rr_push", 0x0C, "Write (any value) to queue the receive request in rr_data0..5."),
+        command("cq_pop", 0x10, "Write (any value) to remove the completion shown in cq_data0..5."),
+        level("wr_level", 0x14, "Work requests queued and not yet taken by the core."),
+        level("rr_level", 0x18, "Receive requests queued and not yet taken by the core."),
+        level("cq_level", 0x1C, "Completions waiting, the one in cq_data0..5 included."),
+        Register("config", 0x20, 24, "ro", "Queue depths: wr 7:0, rr 15:8, cq 23:16 (wq_config)."),
+        _counter("wr_pushed", 0x30, "Work requests queued."),
+        _counter("rr_pushed", 0x34, "Receive requests queued."),
+        _counter("cq_popped", 0x38, "Completions removed."),
+        _counter("push_full", 0x3C, "wr_push or rr_push refused: the queue was full."),
+        _counter("pop_empty", 0x40, "cq_pop with no completion waiting."),
+        # Write-only (command) rather than rw: the words live in the board's bank, and a bare
+        # NicCore, whose bank also has this block, keeps no flip-flops for them.
+        *_data_window("wr_data", 0x50, WQ_WR_WORDS, "command", "Work request to push (write-only)"),
+        *_data_window("rr_data", 0xA0, WQ_RR_WORDS, "command", "Receive request to push (write-only)"),
+        *_data_window("cq_data", 0xC0, WQ_CQ_WORDS, "ro", "Oldest completion"),
+    ], feature=FEATURE_WQ)
+
+
 # Every feature block of the design, in any order. New blocks are appended here.
+# ``mac`` and ``wq`` are implemented by the board tops (stellar.hdl.boards.top); in a bare
+# NicCore their registers exist but read 0 (no MAC, queues are the s_axis_wr/rr, m_axis_cq ports).
 BLOCKS = [
     pktengine_block(),
     flow_block(),
@@ -728,6 +808,8 @@ BLOCKS = [
     mr_block(),
     transport_block(),
     cc_block(),
+    mac_block(),
+    wq_block(),
 ]
 
 REGMAP = RegisterMap(BLOCKS)
