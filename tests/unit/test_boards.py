@@ -1,0 +1,321 @@
+"""stellar.hdl.boards in the Amaranth simulator: the block-RAM AXI4 subordinate (``Axi4Ram``), the
+AXI4-Lite address split, the ``wq`` register queues behind a CSR bank, the PLL divider search
+and the build report parser.
+
+References are independent of the gateware: a ``bytearray`` memory updated by the AXI4 rules
+(A3.4: INCR/FIXED addresses, WSTRB lanes; SLVERR outside the memory changes nothing), the
+register map (``stellar.hdl.regmap``) for offsets, the ``WORK_REQUEST``/``COMPLETION`` field
+tables for queue contents, the ECP5 PLL equations (``f = fin / CLKI_DIV * CLKFB_DIV`` with
+feedback from CLKOP) for the divider search. Random tests print their seeds.
+"""
+
+import random
+
+import pytest
+from amaranth.hdl import Module
+from amaranth.sim import Simulator
+from stellar.hdl.axil import Resp
+from stellar.hdl.boards.axilsplit import AxiLiteSplit
+from stellar.hdl.boards.axiram import Axi4Ram
+from stellar.hdl.boards.build import parse_report
+from stellar.hdl.boards.top import ETH_HZ, pll_config
+from stellar.hdl.boards.wq import RegisterQueues
+from stellar.hdl.csr import AxiLiteCsrBank
+from stellar.hdl.regmap import REGMAP, RegisterMap
+
+SEEDS = (1, 2)
+
+
+# ------------------------------------------------------------------------------------- Axi4Ram
+
+async def _axi_write(ctx, bus, rng, addr, size, burst, beats, wid, stall):
+    data = [rng.getrandbits(64) for _ in range(beats)]
+    strb = [rng.getrandbits(8) for _ in range(beats)]
+    ctx.set(bus.awaddr, addr)
+    ctx.set(bus.awlen, beats - 1)
+    ctx.set(bus.awsize, size)
+    ctx.set(bus.awburst, burst)
+    ctx.set(bus.awid, wid)
+    ctx.set(bus.awvalid, 1)
+    await ctx.tick().until(bus.awready)
+    ctx.set(bus.awvalid, 0)
+    for k in range(beats):
+        while rng.random() < stall:
+            await ctx.tick()
+        ctx.set(bus.wdata, data[k])
+        ctx.set(bus.wstrb, strb[k])
+        ctx.set(bus.wlast, k == beats - 1)
+        ctx.set(bus.wvalid, 1)
+        await ctx.tick().until(bus.wready)
+        ctx.set(bus.wvalid, 0)
+    while rng.random() < stall:
+        await ctx.tick()
+    ctx.set(bus.bready, 1)
+    bid, bresp = await ctx.tick().sample(bus.bid, bus.bresp).until(bus.bvalid)
+    ctx.set(bus.bready, 0)
+    return data, strb, bid, Resp(bresp)
+
+
+async def _axi_read(ctx, bus, rng, addr, size, burst, beats, rid, stall):
+    ctx.set(bus.araddr, addr)
+    ctx.set(bus.arlen, beats - 1)
+    ctx.set(bus.arsize, size)
+    ctx.set(bus.arburst, burst)
+    ctx.set(bus.arid, rid)
+    ctx.set(bus.arvalid, 1)
+    await ctx.tick().until(bus.arready)
+    ctx.set(bus.arvalid, 0)
+    out = []
+    while True:
+        ctx.set(bus.rready, rng.random() >= stall)
+        _, _, valid, ready, data, resp, last, got_id = await ctx.tick().sample(
+            bus.rvalid, bus.rready, bus.rdata, bus.rresp, bus.rlast, bus.rid)
+        if valid and ready:
+            out.append((data, Resp(resp), last, got_id))
+            if last:
+                break
+    ctx.set(bus.rready, 0)
+    return out
+
+
+def _beat_addrs(addr, size, burst, beats):
+    step = 0 if burst == 0 else 1 << size
+    return [addr + k * step for k in range(beats)]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_axi4ram_random_bursts(seed):
+    """Random INCR/FIXED bursts of 1..32 beats, full and narrow sizes, random WSTRB, random
+    stalls on W, B and R, some outside the memory: every read equals the byte-array model,
+    responses and IDs are right, a write outside changes nothing."""
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    size, base = 4096, 0x10000
+    dut = Axi4Ram(size, base=base)
+    model = bytearray(size)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    bus = dut.s_axi
+
+    async def bench(ctx):
+        for _ in range(60):
+            beats = rng.choice([1, 1, 2, 5, 16, 32])
+            asize = rng.choice([3, 3, 3, 2])
+            burst = rng.choice([1, 1, 1, 0])
+            outside = rng.random() < 0.15
+            start = rng.randrange(0, size - beats * 8) & ~((1 << asize) - 1)
+            addr = (base + size if outside else base) + start
+            xid = rng.randrange(16)
+            stall = rng.choice([0.0, 0.4])
+            if rng.random() < 0.5:
+                data, strb, bid, bresp = await _axi_write(ctx, bus, rng, addr, asize, burst,
+                                                          beats, xid, stall)
+                assert bid == xid
+                assert bresp == (Resp.SLVERR if outside else Resp.OKAY)
+                if not outside:
+                    for a, d, s in zip(_beat_addrs(start, asize, burst, beats), data, strb,
+                                       strict=True):
+                        word = a & ~7
+                        for lane in range(8):
+                            if s >> lane & 1:
+                                model[word + lane] = (d >> (8 * lane)) & 0xFF
+            else:
+                got = await _axi_read(ctx, bus, rng, addr, asize, burst, beats, xid, stall)
+                assert len(got) == beats
+                for k, (a, (data, resp, last, rid)) in enumerate(
+                        zip(_beat_addrs(start, asize, burst, beats), got, strict=True)):
+                    assert rid == xid and last == (k == beats - 1)
+                    if outside:
+                        assert resp == Resp.SLVERR and data == 0
+                    else:
+                        word = a & ~7
+                        want = int.from_bytes(model[word:word + 8], "little")
+                        assert resp == Resp.OKAY and data == want, (hex(a), hex(data), hex(want))
+
+    sim.add_testbench(bench)
+    sim.run()
+
+
+def test_axi4ram_reads_one_beat_per_clock():
+    """A 16-beat read with rready always high takes 16 consecutive clocks of rvalid."""
+    dut = Axi4Ram(1024)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    bus = dut.s_axi
+
+    async def bench(ctx):
+        ctx.set(bus.araddr, 0)
+        ctx.set(bus.arlen, 15)
+        ctx.set(bus.arsize, 3)
+        ctx.set(bus.arburst, 1)
+        ctx.set(bus.arvalid, 1)
+        ctx.set(bus.rready, 1)
+        await ctx.tick().until(bus.arready)
+        ctx.set(bus.arvalid, 0)
+        trace = []
+        for _ in range(20):
+            _, _, valid, last = await ctx.tick().sample(bus.rvalid, bus.rlast)
+            trace.append((valid, last))
+        beats = [i for i, (v, _) in enumerate(trace) if v]
+        assert len(beats) == 16 and beats == list(range(beats[0], beats[0] + 16)), trace
+        assert trace[beats[-1]][1] == 1
+
+    sim.add_testbench(bench)
+    sim.run()
+
+
+# ------------------------------------------------------------------- split + bank + queues
+
+class _Harness:
+    """AxiLiteSplit -> (m_axil0: a plain CSR bank of the whole map, m_axil1: the board's bank of
+    the mac and wq blocks), RegisterQueues on the board bank's wq ports."""
+
+    def __init__(self):
+        self.m = m = Module()
+        windows = [(REGMAP.block(b).base, 0x100) for b in ("mac", "wq")]
+        m.submodules.split = self.split = AxiLiteSplit(16, windows)
+        m.submodules.core = self.core = AxiLiteCsrBank(REGMAP)
+        m.submodules.board = self.board = AxiLiteCsrBank(
+            RegisterMap([REGMAP.block("mac"), REGMAP.block("wq")]))
+        m.submodules.queues = self.queues = RegisterQueues(wr_depth=2, rr_depth=2, cq_depth=4)
+        from amaranth.lib import wiring
+        wiring.connect(m, self.split.m_axil0, self.core.s_axil)
+        wiring.connect(m, self.split.m_axil1, self.board.s_axil)
+        wiring.connect(m, self.queues.csr, self.board.wq)
+
+
+async def _lite_write(ctx, bus, addr, value):
+    ctx.set(bus.awaddr, addr)
+    ctx.set(bus.awvalid, 1)
+    ctx.set(bus.wdata, value)
+    ctx.set(bus.wstrb, 0xF)
+    ctx.set(bus.wvalid, 1)
+    aw = w = False
+    while not (aw and w):
+        _, _, awr, wr = await ctx.tick().sample(bus.awready, bus.wready)
+        aw, w = aw or awr, w or wr
+        if aw:
+            ctx.set(bus.awvalid, 0)
+        if w:
+            ctx.set(bus.wvalid, 0)
+    ctx.set(bus.bready, 1)
+    (resp,) = await ctx.tick().sample(bus.bresp).until(bus.bvalid)
+    ctx.set(bus.bready, 0)
+    return Resp(resp)
+
+
+async def _lite_read(ctx, bus, addr):
+    ctx.set(bus.araddr, addr)
+    ctx.set(bus.arvalid, 1)
+    await ctx.tick().until(bus.arready)
+    ctx.set(bus.arvalid, 0)
+    ctx.set(bus.rready, 1)
+    data, resp = await ctx.tick().sample(bus.rdata, bus.rresp).until(bus.rvalid)
+    ctx.set(bus.rready, 0)
+    return data, Resp(resp)
+
+
+def test_split_routes_and_queues():
+    """Through the split: ident and scratch come from the core's bank, wq registers from the
+    board's (a write to wq.config is refused there, SLVERR); pushed work and receive requests
+    leave on the streams bit-exact in order; a push into a full queue and a pop of an empty one
+    are counted and change nothing; completions show oldest first and pop in order."""
+    h = _Harness()
+    sim = Simulator(h.m)
+    sim.add_clock(1e-8)
+    bus, q = h.split.s_axil, h.queues
+    rng = random.Random(3)
+    print("seed 3")
+    wrs = [rng.getrandbits(576) for _ in range(3)]
+    rr = rng.getrandbits(192)
+    cqes = [rng.getrandbits(192) for _ in range(3)]
+    off = {name: REGMAP[name].offset for name in (
+        "ident.id", "ident.scratch", "wq.config", "wq.wr_push", "wq.rr_push", "wq.cq_pop",
+        "wq.wr_level", "wq.cq_level", "wq.wr_pushed", "wq.rr_pushed", "wq.push_full",
+        "wq.pop_empty", "wq.cq_popped")}
+
+    async def bench(ctx):
+        assert await _lite_read(ctx, bus, off["ident.id"]) == (REGMAP["ident.id"].init, Resp.OKAY)
+        assert await _lite_write(ctx, bus, off["ident.scratch"], 0x1234) == Resp.OKAY
+        assert ctx.get(h.core.ident.scratch) == 0x1234
+        assert await _lite_read(ctx, bus, off["wq.config"]) == (2 | 2 << 8 | 4 << 16, Resp.OKAY)
+        assert await _lite_write(ctx, bus, off["wq.config"], 1) == Resp.SLVERR
+        # three pushes into a 2-deep queue the core does not drain: the third is refused
+        for wr in wrs:
+            for i in range(18):
+                await _lite_write(ctx, bus, REGMAP[f"wq.wr_data{i}"].offset, (wr >> 32 * i) & 0xFFFFFFFF)
+            await _lite_write(ctx, bus, off["wq.wr_push"], 1)
+        for i in range(6):
+            await _lite_write(ctx, bus, REGMAP[f"wq.rr_data{i}"].offset, (rr >> 32 * i) & 0xFFFFFFFF)
+        await _lite_write(ctx, bus, off["wq.rr_push"], 1)
+        assert (await _lite_read(ctx, bus, off["wq.wr_level"]))[0] == 2
+        assert (await _lite_read(ctx, bus, off["wq.push_full"]))[0] == 1
+        assert (await _lite_read(ctx, bus, off["wq.wr_pushed"]))[0] == 2
+        assert (await _lite_read(ctx, bus, off["wq.rr_pushed"]))[0] == 1
+        got = []
+        ctx.set(q.m_axis_wr.tready, 1)
+        ctx.set(q.m_axis_rr.tready, 1)
+        rr_got = []
+        for _ in range(8):
+            _, _, v, d, rv, rd = await ctx.tick().sample(q.m_axis_wr.tvalid, q.m_axis_wr.tdata,
+                                                         q.m_axis_rr.tvalid, q.m_axis_rr.tdata)
+            if v:
+                got.append(d)
+            if rv:
+                rr_got.append(rd)
+        assert got == wrs[:2] and rr_got == [rr]
+        # completions: pop of an empty queue first, then three in, popped in order
+        await _lite_write(ctx, bus, off["wq.cq_pop"], 1)
+        assert (await _lite_read(ctx, bus, off["wq.pop_empty"]))[0] == 1
+        for c in cqes:
+            ctx.set(q.s_axis_cq.tdata, c)
+            ctx.set(q.s_axis_cq.tvalid, 1)
+            await ctx.tick().until(q.s_axis_cq.tready)
+        ctx.set(q.s_axis_cq.tvalid, 0)
+        for k, c in enumerate(cqes):
+            assert (await _lite_read(ctx, bus, off["wq.cq_level"]))[0] == 3 - k
+            words = [(await _lite_read(ctx, bus, REGMAP[f"wq.cq_data{i}"].offset))[0] for i in range(6)]
+            assert sum(w << 32 * i for i, w in enumerate(words)) == c
+            await _lite_write(ctx, bus, off["wq.cq_pop"], 1)
+        assert (await _lite_read(ctx, bus, off["wq.cq_level"]))[0] == 0
+        assert (await _lite_read(ctx, bus, off["wq.cq_popped"]))[0] == 3
+        assert (await _lite_read(ctx, bus, off["wq.pop_empty"]))[0] == 1
+
+    sim.add_testbench(bench)
+    sim.run()
+
+
+# ----------------------------------------------------------------------------------- PLL
+
+@pytest.mark.parametrize("fin, core", [(100e6, 125e6), (25e6, 125e6), (25e6, 100e6),
+                                       (100e6, 110e6), (25e6, 150e6)])
+def test_pll_config_meets_ecp5_limits(fin, core):
+    """125 MHz exactly on CLKOP from the board clock, VCO 400..800 MHz, phase detector >= 10 MHz,
+    dividers in range, and the core clock the nearest a divider of the VCO gives."""
+    p = pll_config(fin, core)
+    assert fin / p.clki_div * p.clkfb_div == ETH_HZ            # feedback from CLKOP
+    assert 400e6 <= p.vco_hz <= 800e6 and p.vco_hz == ETH_HZ * p.op_div
+    assert fin / p.clki_div >= 10e6 and 1 <= p.clki_div <= 128 and 1 <= p.clkfb_div <= 80
+    assert p.core_hz == p.vco_hz / p.os2_div
+    best = min(abs(v / d - core) for v in (ETH_HZ * k for k in range(1, 129)) if 400e6 <= v <= 800e6
+               for d in range(1, 129))
+    assert abs(p.core_hz - core) == pytest.approx(best)
+
+
+# ---------------------------------------------------------------------------- build report
+
+def test_parse_report_maps_domains_and_verdicts():
+    report = {
+        "utilization": {"TRELLIS_COMB": {"used": 30000, "available": 83640},
+                        "TRELLIS_FF": {"used": 20000, "available": 83640},
+                        "DP16KD": {"used": 100, "available": 208},
+                        "MULT18X18D": {"used": 2, "available": 156}},
+        "fmax": {"clk_core": {"achieved": 131.2, "constraint": 125.0},
+                 "clk_eth_tx": {"achieved": 200.0, "constraint": 125.0},
+                 "phy.rx_clk": {"achieved": 110.0, "constraint": 125.0}},
+    }
+    p = parse_report(report)
+    assert p["resources"]["LUT4"] == (30000, 83640) and p["resources"]["EBR"] == (100, 208)
+    assert p["resources"]["DSP"] == (2, 156) and p["resources"]["LUTRAM"] == (0, 0)
+    assert p["clocks"]["sync"]["met"] and p["clocks"]["eth_tx"]["met"]
+    assert not p["clocks"]["eth_rx"]["met"] and p["clocks"]["eth_rx"]["fmax_mhz"] == 110.0
