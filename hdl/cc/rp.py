@@ -8,7 +8,7 @@ One event machine owns the per-QP state RAM and handles one event at a time::
     init (host set up a QP) --> FIFO 4 --+
     cnp  (a CNP arrived)    --> FIFO 8 --+--> [issue] -> [S1 read] -> [S2] -> [S3] -> [S4 write] --> rate
     sent (request sent)     --> FIFO 8 --+     priority          state RAM      (FlowMatrix:      --> trace
-    timer scanner (1 QP / clock) -> slot-+     init>cnp>sent>timer               F5 .. F10 write)
+    timer scanner (1 QP / clock) -> slot-+     init>cnp>sent>timer               F5 .. F12 write)
 
 Units: rates are unsigned 20-bit Mb/s (bits per microsecond); ``now_us`` counts microseconds
 (32-bit, wrapping); a timestamp ``t`` is due for a period ``P`` when ``e = (now - t) mod 2**32``
@@ -65,37 +65,48 @@ seed design W' = a W + (1 - a) sigmoid(b Q + c)):
 
 Timing of the machine (clocks; ``I`` = the issue cycle of an event):
 - I: the arbiter picks the highest-priority event and presents its QP to the RAM.
-- I+1 (S1): the RAM word is registered (block-RAM output to a flip-flop, nothing else).
+- I+1 (S1): the RAM word is registered (block-RAM output to a flip-flop, nothing else); the
+  due windows of the event's ``now`` and bytes - byte_reset are computed from the event alone.
 - I+2 (S2): the word, replaced by the last written word when that was the same QP (the write of
   the previous event lands after this event's read; the choice is registered in S1), is
-  decoded; due tests, byte counter, stages, the CNP products; I+3 (S3): increase step (hai_rate
-  * factor), CNP decrease, alpha, FlowMatrix Q products; I+4 (S4): new rates; the state is
-  written, ``rate`` and ``trace`` pulse.
+  decoded; due tests (two compares against the windows), byte counter, stages, the CNP
+  products, the sums of increase() (rt + rc + 1, max_rate + rc + 1); I+3 (S3): increase step
+  (hai_rate * factor), CNP decrease (up to max(rc - dec, 0)), alpha, FlowMatrix Q products;
+  I+4 (S4): new rates (one addition and a choice each); the state is written, ``rate`` and
+  ``trace`` pulse.
 - So events issue every 3 clocks (I+3 is the next issue: its S2 at I+5 sees this write by
   forwarding). A FlowMatrix update (CNP of a mode-2 QP, or its TIMER with the period due)
-  continues through F5..F10, one multiply per stage (fm_b * Q; table ROM; (1 - a) * s; W;
-  K * (65536 - W) with K = max_rate * fm_norm; clamp and write at I+10): it occupies the machine
-  for 9 clocks instead of 3. ``rate`` comes 4 (10) clocks after the issue.
-- Every multiplier output is registered; the widest, K * (65536 - W), is 52 x 17 bits.
-- Parameters pass one register stage (two for the derived ones: min_dec_fac * 1311, K, sigma0):
-  a CSR change applies to events issued 3 or more clocks later. Change them while no QP
-  depends on the old values (the driver writes them before setting QPs up).
+  continues through F5..F12 (fm_b * Q; table index; table word registered; (1 - a) * s; W and
+  65536 - W; K * (65536 - W) with K = max_rate * fm_norm, as three registered 18 x 17 products;
+  their sum; clamp and write at I+12): it occupies the machine for 11 clocks instead of 3.
+  ``rate`` comes 4 (12) clocks after the issue.
+- Every multiplier output is registered; the widest, K * (65536 - W), is 52 x 17 bits, split
+  in three products summed in the next stage.
+- Parameters pass one register stage (two for the derived ones: min_dec_fac * 1311, K,
+  max_rate + 1, 2 max_rate, fm_c + 2048; three for sigma0): a CSR change applies to events
+  issued 3 or more clocks later. Change them while no QP depends on the old values (the driver
+  writes them before setting QPs up).
+- ECP5 at 125 MHz (``python -m stellar.sim.timing rp``) set this structure: nothing but a
+  flip-flop behind a block-RAM output (its clock-to-out is ~5.6 ns), at most one carry chain and
+  a choice, or one multiplier, per stage.
 
 Input FIFOs and the spacing that keeps them from overflowing (an event that finds its FIFO full
 is lost and pulses ``lost``): ``sent`` holds 8 and never overflows when sent events come at
 most once per 4 clocks and the init and cnp events of any window of T clocks need at most
-T/4 + 9 clocks of the machine (3 each; 9 for a CNP of a FlowMatrix QP) -- e.g. DCQCN CNPs at
-one per 12 clocks with bursts of three, or FlowMatrix CNPs at one per 36. (Timer events are
-issued only when all three FIFOs are empty, so at most one, of at most 9 clocks, delays a
-backlog.) ``cnp`` holds 8: CNPs at most one per 9 clocks on average (bursts of 7); ``init``
-holds 4 (host writes, tens of clocks apart).
+T/4 + 11 clocks of the machine (3 each; 11 for a CNP of a FlowMatrix QP) -- e.g. DCQCN CNPs at
+one per 12 clocks with bursts of three, or FlowMatrix CNPs at one per 44. (Timer events are
+issued only when all three FIFOs are empty, so at most one, of at most 11 clocks, delays a
+backlog.) ``cnp`` holds 8: DCQCN CNPs at most one per 9 clocks on average (bursts of 7),
+FlowMatrix CNPs one per 11; ``init`` holds 4 (host writes, tens of clocks apart).
 
 Timer scanner: reads one QP per clock through a second RAM read port, round robin (the word is
-registered, then tested: a QP's test is 2 clocks behind its read), and raises
+registered, then tested against the due windows of the ``now_us`` of the clock before: a QP's
+test is 2 clocks behind its read), and raises
 TIMER for a QP of mode DCQCN that is active with t_alpha or t_rate due, or of mode FlowMatrix
 with t_fm due. One request waits in a slot for the machine; while the slot is full the
-scanner re-reads the QP it found due (so no QP is skipped). Its view may be 2 clocks stale: the
-machine re-checks every condition, and a TIMER with nothing due only appears in the trace.
+scanner re-reads the QP it found due (so no QP is skipped). Its view may be 2 clocks stale (and
+a word read in the clock its QP is written is undefined on hardware): the machine re-checks
+every condition, and a TIMER with nothing due only appears in the trace.
 
 Ports (``IB`` = log2(qps); every stream is always ready; ``qps`` a power of two >= 2):
   ``init``      In   ``{qp: IB, mode: 2}``: the host set up (or re-set) the QP, mode RpMode.
@@ -110,7 +121,8 @@ Ports (``IB`` = log2(qps); every stream is always ready; ``qps`` a power of two 
                      mode (INIT: the new one); for tests (unconnected in the NIC).
   ``dbg_addr``  In   IB; ``dbg_data`` Out ``rp_state_layout()``: the state of QP ``dbg_addr``
                      one clock after it is set (a third RAM read port, independent of the
-                     machine; the word may be a clock behind a write).
+                     machine; the word may be a clock behind a write, and is undefined on
+                     hardware when read in the clock its QP is written).
   ``lost``      Out  1: an event found its FIFO full this clock (and was dropped).
 
 Memory: the state RAM is ``qps`` x 255 bits with three read ports (machine, scanner, dbg) and
@@ -118,7 +130,7 @@ one write port (yosys replicates it once per read port); the sigmoid ROM is 256 
 read ports (update, sigma0).
 """
 
-from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -164,10 +176,13 @@ def rp_trace_layout(index_bits):
                               "inflight": 16, "now": 32})
 
 
-def _due(now, t, period):
-    """``t`` due for ``period`` at ``now`` (modular, >= 2**31 elapsed means "not yet")."""
-    e = (now - t)[:32]
-    return ~e[31] & (e >= period)
+def _in_window(t, window):
+    """``t`` due: ``(now - t) mod 2**32`` in [period, 2**31) (>= 2**31 elapsed means "not yet"),
+    tested as ``t`` in the window (lo, hi] of ``ReactionPoint._window``: two compares side by
+    side instead of a subtraction followed by a compare."""
+    lo, hi, wrap = window
+    above, below = t > lo, t <= hi
+    return Mux(wrap, above | below, above & below)
 
 
 def _inc_sat8(v):
@@ -181,7 +196,7 @@ class ReactionPoint(wiring.Component):
     FIFO_CNP = 8
     FIFO_SENT = 8
     PERIOD = 3          # clocks per event
-    PERIOD_FM = 9       # clocks per FlowMatrix update
+    PERIOD_FM = 11      # clocks per FlowMatrix update
 
     def __init__(self, qps=256):
         assert qps >= 2 and qps & (qps - 1) == 0, "qps must be a power of two >= 2"
@@ -220,28 +235,47 @@ class ReactionPoint(wiring.Component):
         k_hi = Signal(RATE_BITS + 16)
         k = Signal(RATE_BITS + 32)            # max_rate * fm_norm
         one_minus_a = Signal(17)              # 65536 - fm_a
+        mr1 = Signal(RATE_BITS + 1)           # max_rate + 1
+        mr2 = Signal(RATE_BITS + 1)           # 2 * max_rate
+        min_over_max = Signal()               # min_rate > max_rate
+        fm_c_idx = Signal(signed(17))         # fm_c + 2048: (x >> 4) + 128 == (x - fm_c + this) >> 4
         m.d.sync += [
             mdf1311.eq(p.min_dec_fac * 1311),
             k_lo.eq(p.max_rate * p.fm_norm[:16]),
             k_hi.eq(p.max_rate * p.fm_norm[16:]),
             k.eq(k_lo + (k_hi << 16)),
             one_minus_a.eq(65536 - p.fm_a),
+            mr1.eq(p.max_rate + 1),
+            mr2.eq(p.max_rate << 1),
+            min_over_max.eq(p.min_rate > p.max_rate),
+            fm_c_idx.eq(p.fm_c + (SIGMOID_ENTRIES // 2 << 4)),
         ]
 
         m.submodules.rom = rom = Memory(shape=16, depth=SIGMOID_ENTRIES, init=sigmoid_table())
         rom_upd = rom.read_port()
         rom_s0 = rom.read_port()
         sigma0 = rom_s0.data                  # table value at argument fm_c (Q = 0)
-        m.d.comb += rom_s0.addr.eq(self._sig_index(m, p.fm_c, "s0"))
+        m.d.comb += rom_s0.addr.eq(self._sig_index(m, Const(0, 1), fm_c_idx, "s0"))
 
         # ------------------------------------------------------------ state RAM
         m.submodules.mem = mem = Memory(shape=st_layout, depth=self.qps, init=[],
                                         attrs={"no_rw_check": 1})
+        # Asynchronous read ports, each followed by a flip-flop (``*_word``) that Yosys merges
+        # into the block RAM as its read register: a synchronous read, as ``read_port()`` would
+        # give, but one that ``no_rw_check`` applies to. A read that meets a write of the same
+        # word at the same edge may then return anything (the machine never uses such a word:
+        # see the forwarding in S1; the scanner and ``dbg`` may see one), and Yosys adds no
+        # read-first emulation (a delayed write and a bypass multiplexer behind each RAM output,
+        # on the critical paths).
         wr = mem.write_port()
-        rd = mem.read_port()
-        sc_rd = mem.read_port()
-        dbg_rd = mem.read_port()
-        m.d.comb += [dbg_rd.addr.eq(self.dbg_addr), self.dbg_data.eq(dbg_rd.data)]
+        rd = mem.read_port(domain="comb")
+        sc_rd = mem.read_port(domain="comb")
+        dbg_rd = mem.read_port(domain="comb")
+        rd_word = Signal(st_layout, reset_less=True)
+        sc_word = Signal(st_layout, reset_less=True)
+        dbg_word = Signal(st_layout, reset_less=True)
+        m.d.sync += [rd_word.eq(rd.data), sc_word.eq(sc_rd.data), dbg_word.eq(dbg_rd.data)]
+        m.d.comb += [dbg_rd.addr.eq(self.dbg_addr), self.dbg_data.eq(dbg_word)]
 
         # The last write, registered: the event after it may have read its QP before it landed.
         lw_valid = Signal()
@@ -272,7 +306,10 @@ class ReactionPoint(wiring.Component):
         q2 = Signal(ib)
         v2 = Signal()
         w2 = Signal(data.StructLayout({"mode": 2, "active": 1, "t_alpha": 32, "t_rate": 32,
-                                       "t_fm": 32}))
+                                       "t_fm": 32}), reset_less=True)
+        # The due windows at the now_us of the clock before (the scanner's view may be stale).
+        sc_win = {name: self._window(m, self.now_us, getattr(p, name), f"sc_{name}")
+                  for name in ("alpha_period", "time_reset", "fm_period")}
         t_valid = Signal()                    # the TIMER request slot
         t_qp = Signal(ib)
         t_take = Signal()                     # the machine issues the slot's TIMER this clock
@@ -281,9 +318,9 @@ class ReactionPoint(wiring.Component):
             sc_rd.addr.eq(sc_addr),
             found.eq(v2 & (
                 ((w2.mode == P.MODE_DCQCN) & w2.active
-                 & (_due(self.now_us, w2.t_alpha, p.alpha_period)
-                    | _due(self.now_us, w2.t_rate, p.time_reset)))
-                | ((w2.mode == P.MODE_FLOWMATRIX) & _due(self.now_us, w2.t_fm, p.fm_period)))),
+                 & (_in_window(w2.t_alpha, sc_win["alpha_period"])
+                    | _in_window(w2.t_rate, sc_win["time_reset"])))
+                | ((w2.mode == P.MODE_FLOWMATRIX) & _in_window(w2.t_fm, sc_win["fm_period"])))),
         ]
         with m.If(t_take):
             m.d.sync += t_valid.eq(0)
@@ -293,15 +330,15 @@ class ReactionPoint(wiring.Component):
         with m.Else():
             m.d.sync += [
                 sc_addr.eq(sc_addr + 1), q1.eq(sc_addr), v1.eq(1), q2.eq(q1), v2.eq(v1),
-                w2.mode.eq(sc_rd.data.mode), w2.active.eq(sc_rd.data.active),
-                w2.t_alpha.eq(sc_rd.data.t_alpha), w2.t_rate.eq(sc_rd.data.t_rate),
-                w2.t_fm.eq(sc_rd.data.t_fm),
+                w2.mode.eq(sc_word.mode), w2.active.eq(sc_word.active),
+                w2.t_alpha.eq(sc_word.t_alpha), w2.t_rate.eq(sc_word.t_rate),
+                w2.t_fm.eq(sc_word.t_fm),
             ]
             with m.If(found):
                 m.d.sync += [t_valid.eq(1), t_qp.eq(q2)]
 
         # ------------------------------------------------------------ issue
-        cool = Signal(range(8))               # clocks until the next issue is allowed
+        cool = Signal(range(self.PERIOD_FM))  # clocks until the next issue is allowed
         fm_long = Signal()                    # S2: this event is a FlowMatrix update
         can = cool == 0
         pick_init = Signal()
@@ -341,17 +378,23 @@ class ReactionPoint(wiring.Component):
         s1_ev = Signal(ev_layout)
         s2_valid = Signal()
         s2_ev = Signal(ev_layout)
-        s2_mem = Signal(st_layout)
-        m.d.sync += [s1_valid.eq(issue), s2_valid.eq(s1_valid)]
+        s2_mem = Signal(st_layout, reset_less=True)
+        m.d.sync += [s1_valid.eq(issue), s2_valid.eq(s1_valid), s2_mem.eq(rd_word)]
         with m.If(issue):
             m.d.sync += s1_ev.eq(ev_i)
         with m.If(s1_valid):
-            m.d.sync += [s2_ev.eq(s1_ev), s2_mem.eq(rd.data)]
+            m.d.sync += s2_ev.eq(s1_ev)
         # Which word S2 uses, decided here so that S2 starts from flip-flops only: the last
         # write as it will stand at S2 (a write at this edge, else the one before) if it is to
         # this event's QP, else the RAM word.
         fwd = Signal()
         m.d.sync += fwd.eq(Mux(wr.en, wr.addr == s1_ev.qp, lw_valid & (lw_qp == s1_ev.qp)))
+        # What S2 needs from the event alone: the due windows at the event's now, and the byte
+        # counter's crossing offset (bytes - byte_reset).
+        win = {name: self._window(m, s1_ev.now, getattr(p, name), name)
+               for name in ("alpha_period", "time_reset", "fm_period")}
+        nb = Signal(signed(26))
+        m.d.sync += nb.eq(s1_ev.bytes - p.byte_reset)
 
         # ------------------------------------------------------------ S2: decode
         st = Signal(st_layout)
@@ -364,7 +407,7 @@ class ReactionPoint(wiring.Component):
         dcq = ~k_init & (st.mode == P.MODE_DCQCN)
         fmq = ~k_init & (st.mode == P.MODE_FLOWMATRIX)
 
-        # Work registers: one event at a time is past S1, so S2 loads them and S3..F10 use them.
+        # Work registers: one event at a time is past S1, so S2 loads them and S3..F12 use them.
         ev = Signal(ev_layout)               # the event (mode: the new one for INIT, else the QP's)
         old = Signal(st_layout)              # its state as read
         is_init = Signal()
@@ -387,31 +430,36 @@ class ReactionPoint(wiring.Component):
         prod_floor = Signal(RATE_BITS + 18)
         cnps_new = Signal(8)
         trend = Signal(16)
+        nalpha = Signal(P.ALPHA_BITS + 1)    # 2**20 - alpha
+        # increase(), rearranged so that S4 is one addition and a choice: with rt' = rt + inc,
+        # min(rt', max_rate) + rc + 1 = min(x1 + inc, y1), and rt' > max_rate iff inc > dmr.
+        x1 = Signal(RATE_BITS + 1)           # rt + rc + 1
+        y1 = Signal(RATE_BITS + 1)           # max_rate + rc + 1
+        dmr = Signal(signed(RATE_BITS + 1))  # max_rate - rt
 
-        # DCQCN byte counter (only used when sent_d)
+        # DCQCN byte counter (only used when sent_d): byte_cnt + bytes, less byte_reset if that
+        # is not negative; both sums at once.
         sum_b = Signal(25)
-        cross = Signal()
+        dif_b = Signal(signed(26))
         bc = Signal(25)
+        cross = ~dif_b[-1]
         m.d.comb += [
             sum_b.eq(st.byte_cnt + e.bytes),
-            cross.eq(sum_b >= p.byte_reset),
-            bc.eq(Mux(cross, sum_b - p.byte_reset, sum_b)),
+            dif_b.eq(st.byte_cnt + nb),
+            bc.eq(Mux(cross, dif_b[:25], sum_b)),
         ]
         # Stages as increase() sees them: a TIMER's increase always follows it += 1, a SENT's
         # ib += 1, so the class can be decided without waiting for the due / cross tests.
+        # (hi < F iff both are; lo >= F iff both are.)
         it_s = Signal(8)
         ib_s = Signal(8)
-        hi = Signal(8)
-        lo = Signal(8)
         m.d.comb += [
             it_s.eq(Mux(k_tmr, _inc_sat8(st.it), st.it)),
             ib_s.eq(Mux(k_sent, _inc_sat8(st.ib), st.ib)),
-            hi.eq(Mux(it_s > ib_s, it_s, ib_s)),
-            lo.eq(Mux(it_s > ib_s, ib_s, it_s)),
         ]
-        s_due_a = _due(e.now, st.t_alpha, p.alpha_period)
-        s_due_r = _due(e.now, st.t_rate, p.time_reset)
-        s_due_f = _due(e.now, st.t_fm, p.fm_period)
+        s_due_a = _in_window(st.t_alpha, win["alpha_period"])
+        s_due_r = _in_window(st.t_rate, win["time_reset"])
+        s_due_f = _in_window(st.t_fm, win["fm_period"])
         d_infl = (st.infl_last - st.infl_prev)[:16]
         s_sent_d = k_sent & dcq & st.active
         s_tmr_d = k_tmr & dcq & st.active
@@ -436,13 +484,18 @@ class ReactionPoint(wiring.Component):
                 bc_new.eq(Mux(bc[24], (1 << 24) - 1, bc[:24])),
                 it_new.eq(Mux(s_tmr_d & s_due_r, it_s, st.it)),
                 ib_new.eq(Mux(s_sent_d & cross, ib_s, st.ib)),
-                cls_fast.eq(hi < p.threshold),
-                cls_hyper.eq(lo >= p.threshold),
-                factor.eq(lo + 1 - p.threshold),
+                cls_fast.eq((it_s < p.threshold) & (ib_s < p.threshold)),
+                cls_hyper.eq((it_s >= p.threshold) & (ib_s >= p.threshold)),
+                factor.eq(Mux(it_s > ib_s, ib_s + 1 - p.threshold, it_s + 1 - p.threshold)),
                 prod_dec.eq(st.rc * st.alpha[10:]),
                 prod_floor.eq(st.rc * mdf1311),
                 cnps_new.eq(Mux(k_cnp & fmq, _inc_sat8(st.cnps), st.cnps)),
                 trend.eq(Mux(d_infl[15], 0, d_infl)),
+                nalpha.eq((1 << P.ALPHA_BITS) - st.alpha),
+                # rt + rc + 1 in one subtraction: (rt + 2**20) - (2**20 - 1 - rc)
+                x1.eq(Cat(st.rt, Const(1, 1)) - ~st.rc),
+                y1.eq(st.rc + mr1),
+                dmr.eq(p.max_rate - st.rt),
             ]
 
         # ------------------------------------------------------------ S3
@@ -450,25 +503,23 @@ class ReactionPoint(wiring.Component):
         ph4 = Signal()
         m.d.sync += [ph3.eq(s2_valid), ph4.eq(ph3)]
         inc = Signal(RATE_BITS + 9)          # rt increase of increase()
-        rc_cnp = Signal(RATE_BITS)
+        sub = Signal(RATE_BITS)              # max(rc - dec, 0) of a CNP
+        m1 = Signal(RATE_BITS + 1)           # max(floor, min_rate) of a CNP
+        zc = Signal(signed(RATE_BITS + 3))   # x1 - 2 max_rate: rc' = max_rate iff zc + inc in {0, 1}
+        y_not_max = Signal()                 # y1 >> 1 != max_rate
         qa = Signal(24)
         qb = Signal(32)
         pa = Signal(32)
         dec = Signal(RATE_BITS + 10)
-        sub = Signal(RATE_BITS)
         flo = Signal(RATE_BITS + 1)
-        m1 = Signal(RATE_BITS + 1)
         m.d.comb += [
             dec.eq(prod_dec >> p.gd),
-            sub.eq(Mux(old.rc >= dec, old.rc - dec, 0)),
             flo.eq(prod_floor >> 17),
-            m1.eq(Mux(flo > p.min_rate, flo, p.min_rate)),
         ]
         # alpha: (1 - g) alpha + g on a CNP, (1 - g) alpha when its timer is due
         alpha_new = Signal(P.ALPHA_BITS)
         alpha_up = Signal(P.ALPHA_BITS + 1)
-        m.d.comb += alpha_up.eq(old.alpha + ((Const(1 << P.ALPHA_BITS, P.ALPHA_BITS + 1) - old.alpha)
-                                             >> p.g_shift))
+        m.d.comb += alpha_up.eq(old.alpha + (nalpha >> p.g_shift))
         alpha_dn = (old.alpha - (old.alpha >> p.g_shift))[:P.ALPHA_BITS]
         with m.If(ph3):
             m.d.sync += [
@@ -476,7 +527,10 @@ class ReactionPoint(wiring.Component):
                                             alpha_up[:P.ALPHA_BITS]),
                                  Mux(tmr_d & due_a, alpha_dn, old.alpha))),
                 inc.eq(Mux(cls_hyper, p.hai_rate * factor, Mux(cls_fast, 0, p.ai_rate))),
-                rc_cnp.eq(Mux(sub > m1, sub, Mux(m1[RATE_BITS], _RATE_MAX, m1[:RATE_BITS]))),
+                sub.eq(Mux(old.rc >= dec, old.rc - dec, 0)),
+                m1.eq(Mux(flo > p.min_rate, flo, p.min_rate)),
+                zc.eq(x1 - mr2),
+                y_not_max.eq(y1[1:] != p.max_rate),
                 qa.eq(p.fm_cnp_gain * cnps_new),
                 qb.eq(p.fm_trend_gain * trend),
                 pa.eq(p.fm_a * old.w),
@@ -484,12 +538,22 @@ class ReactionPoint(wiring.Component):
 
         # ------------------------------------------------------------ S4: DCQCN result, write
         rt_sum = Signal(RATE_BITS + 10)
+        capped = Signal()                    # rt + inc > max_rate
+        avg2 = Signal(RATE_BITS + 1)         # min(rt + inc, max_rate) + rc + 1
+        zd = Signal(signed(RATE_BITS + 11))
         rt_inc = Signal(RATE_BITS)
         rc_inc = Signal(RATE_BITS)
+        act_inc = Signal()                   # rc_inc != max_rate
+        rc_cnp = Signal(RATE_BITS)
         m.d.comb += [
             rt_sum.eq(old.rt + inc),
-            rt_inc.eq(Mux(rt_sum > p.max_rate, p.max_rate, rt_sum)),
-            rc_inc.eq((rt_inc + old.rc + 1) >> 1),
+            capped.eq(inc > dmr),
+            avg2.eq(Mux(capped, y1, x1 + inc)),
+            zd.eq(zc + inc),
+            rt_inc.eq(Mux(capped, p.max_rate, rt_sum)),
+            rc_inc.eq(avg2 >> 1),
+            act_inc.eq(Mux(capped, y_not_max, zd[1:] != 0)),
+            rc_cnp.eq(Mux(sub > m1, sub, Mux(m1[RATE_BITS], _RATE_MAX, m1[:RATE_BITS]))),
         ]
         nx = Signal(st_layout)               # the new state of a 3-clock event
         m.d.comb += nx.eq(old)
@@ -515,39 +579,44 @@ class ReactionPoint(wiring.Component):
             with m.If(tmr_d & due_r):
                 m.d.comb += nx.t_rate.eq(ev.now)
             with m.If(fire):
-                m.d.comb += [nx.rt.eq(rt_inc), nx.rc.eq(rc_inc),
-                             nx.active.eq(rc_inc != p.max_rate)]
+                m.d.comb += [nx.rt.eq(rt_inc), nx.rc.eq(rc_inc), nx.active.eq(act_inc)]
         with m.Elif(sent_f):
             m.d.comb += nx.infl_last.eq(ev.inflight)
 
-        # ------------------------------------------------------------ F5..F10: FlowMatrix
-        f5, f6, f7, f8, f9, f10 = (Signal(name=f"f{i}") for i in range(5, 11))
-        m.d.sync += [f5.eq(ph4 & fm_upd), f6.eq(f5), f7.eq(f6), f8.eq(f7), f9.eq(f8), f10.eq(f9)]
+        # ------------------------------------------------------------ F5..F12: FlowMatrix
+        f5, f6, f7, f8, f9, f10, f11, f12 = (Signal(name=f"f{i}") for i in range(5, 13))
+        m.d.sync += [f5.eq(ph4 & fm_upd), f6.eq(f5), f7.eq(f6), f8.eq(f7), f9.eq(f8),
+                     f10.eq(f9), f11.eq(f10), f12.eq(f11)]
         q = Signal(16)
         xb = Signal(32)
+        s7 = Signal(16)
         pb = Signal(33)
-        wn = Signal(16)
+        wnc = Signal(17)                     # 65536 - W'
+        wn = Signal(16)                      # W'
+        kp = [Signal(18 + 17, name=f"kp{i}") for i in range(3)]   # K[18i:18i+18] * (65536 - W')
         rr = Signal(RATE_BITS + 32 + 17)
         qsum = qa + qb
         with m.If(ph4):
             m.d.sync += q.eq(Mux(qsum > 65535, 65535, qsum))
         with m.If(f5):
             m.d.sync += xb.eq(p.fm_b * q)
-        x = Signal(signed(26))               # signed Q8.8
-        m.d.comb += [x.eq(xb[8:] + p.fm_c), rom_upd.addr.eq(self._sig_index(m, x, "upd"))]
-        with m.If(f7):
-            m.d.sync += pb.eq(one_minus_a * rom_upd.data)
+        m.d.comb += rom_upd.addr.eq(self._sig_index(m, xb[8:], fm_c_idx, "upd"))
+        with m.If(f7):                       # the table word: a flip-flop behind the block RAM
+            m.d.sync += s7.eq(rom_upd.data)
         with m.If(f8):
-            m.d.sync += wn.eq((pa + pb) >> 16)
+            m.d.sync += pb.eq(one_minus_a * s7)
+        wsum = (pa + pb)[16:]
         with m.If(f9):
-            m.d.sync += rr.eq(k * (65536 - wn))
+            m.d.sync += [wn.eq(wsum), wnc.eq(65536 - wsum)]
+        with m.If(f10):                      # K * (65536 - W') in three registered products
+            m.d.sync += [kp[i].eq(k[18 * i:18 * i + 18] * wnc) for i in range(3)]
+        with m.If(f11):
+            m.d.sync += rr.eq(kp[0] + (kp[1] << 18) + (kp[2] << 36))
         v = rr[32:]
-        vmax = Signal(RATE_BITS)
         rc_fm = Signal(RATE_BITS)
-        m.d.comb += [
-            vmax.eq(Mux(v > p.max_rate, p.max_rate, v)),
-            rc_fm.eq(Mux(vmax < p.min_rate, p.min_rate, vmax)),
-        ]
+        # max(min(v, max_rate), min_rate), both compares at once
+        m.d.comb += rc_fm.eq(Mux(v > p.max_rate, Mux(min_over_max, p.min_rate, p.max_rate),
+                                 Mux(v < p.min_rate, p.min_rate, v)))
         nf = Signal(st_layout)               # the new state of a FlowMatrix update
         m.d.comb += [
             nf.eq(old), nf.rc.eq(rc_fm), nf.w.eq(wn),
@@ -560,23 +629,37 @@ class ReactionPoint(wiring.Component):
         done3 = ph4 & ~fm_upd
         m.d.comb += [
             wr.addr.eq(ev.qp),
-            wr.en.eq(done3 | f10),
-            wr.data.eq(Mux(f10, nf, nx)),
-            self.trace.valid.eq(done3 | f10),
+            wr.en.eq(done3 | f12),
+            wr.data.eq(Mux(f12, nf, nx)),
+            self.trace.valid.eq(done3 | f12),
             self.trace.payload.eq(ev),
-            self.rate.valid.eq((done3 & (is_init | cnp_d | fire)) | f10),
+            self.rate.valid.eq((done3 & (is_init | cnp_d | fire)) | f12),
             self.rate.payload.qp.eq(ev.qp),
-            self.rate.payload.rate.eq(Mux(f10, rc_fm, nx.rc)),
+            self.rate.payload.rate.eq(Mux(f12, rc_fm, nx.rc)),
         ]
         return m
 
     @staticmethod
-    def _sig_index(m, x, name):
-        """Sigmoid table index of the signed Q8.8 ``x``: clamp((x >> 4) + 128, 0, 255)."""
-        xi = Signal(signed(len(x) - 4 + 2), name=f"sig_xi_{name}")
+    def _window(m, now, period, name):
+        """The timestamps due for ``period`` at ``now``, registered: ``t`` is due iff it lies
+        in the modular interval (lo, hi] with lo = now - 2**31, hi = now - period (``period``
+        < 2**31). Returns (lo, hi, wrap) for ``_in_window``; wrap: the interval crosses 0."""
+        lo = Signal(32, name=f"win_lo_{name}")
+        hi = Signal(32, name=f"win_hi_{name}")
+        wrap = Signal(name=f"win_wrap_{name}")
+        h = (now - period)[:32]
+        l_ = now ^ (1 << 31)
+        m.d.sync += [lo.eq(l_), hi.eq(h), wrap.eq(h < l_)]
+        return lo, hi, wrap
+
+    @staticmethod
+    def _sig_index(m, xq, c_idx, name):
+        """Sigmoid table index of the signed Q8.8 ``x = xq + fm_c`` given ``c_idx = fm_c +
+        2048``: clamp((x >> 4) + 128, 0, 255) = clamp((xq + c_idx) >> 4, 0, 255)."""
+        xi = Signal(signed(max(len(xq), 17) - 2), name=f"sig_xi_{name}")
         idx = Signal(8, name=f"sig_idx_{name}")
         m.d.comb += [
-            xi.eq((x >> 4) + SIGMOID_ENTRIES // 2),
+            xi.eq((xq + c_idx) >> 4),
             idx.eq(Mux(xi < 0, 0, Mux(xi > SIGMOID_ENTRIES - 1, SIGMOID_ENTRIES - 1, xi[:8]))),
         ]
         return idx

@@ -6,7 +6,7 @@ and samples ``trace`` and ``rate``. Each traced event is replayed into the model
 model's answer (a rate, or none) must be on ``rate`` in the same clock, for the same QP. The
 trace itself is checked against what was driven: INIT, CNP and SENT entries come in the order
 their stream delivered them with the same fields, TIMER entries only name QPs, every entry
-carries the ``now_us`` of its issue clock (4 clocks before it, 10 for a FlowMatrix update: the
+carries the ``now_us`` of its issue clock (4 clocks before it, 12 for a FlowMatrix update: the
 documented latency), and nothing is lost. At the end ``now_us`` stands still while the scanner
 fires every due timer: no QP may be left with a due timer (scanner liveness), and every QP's
 state read through the ``dbg`` port must equal the model's.
@@ -171,7 +171,7 @@ class Bench:
         fm_update = mode_before == FM and (
             kind == P.EV_CNP or (kind == P.EV_TIMER and elapsed_due(t["now"], s["t_fm"],
                                                                     self.params["fm_period"])))
-        lat = 10 if fm_update else 4
+        lat = 12 if fm_update else 4
         assert t["now"] == nows[edge - lat], \
             f"edge {edge}: event used now {t['now']}, issue clock {edge - lat} had {nows[edge - lat]}"
         self._classify(kind, qp, t)
@@ -247,14 +247,14 @@ def random_cycles(rng, qps, n_events, *, big_jump):
     just below the 2**32 wrap, idle gaps, rare large jumps (one of 2**31 or more if big_jump).
 
     Spacing (ReactionPoint's docstring): SENT at most one per 4 clocks; INIT and CNP events
-    drawn from a budget of machine time that grows by 1/4 clock per clock up to 9, an INIT
-    costing 3 and a CNP 9 (as if every CNP hit a FlowMatrix QP)."""
+    drawn from a budget of machine time that grows by 1/4 clock per clock up to 11, an INIT
+    costing 3 and a CNP 11 (as if every CNP hit a FlowMatrix QP)."""
     cycles = []
     now = (1 << 32) - rng.randint(200, 3000)
     modes = [NONE] * qps
     infl = [0] * qps
     last = {"init": -100, "cnp": -100, "sent": -100}
-    budget = 9.0
+    budget = 11.0
     events = 0
     c = 0
 
@@ -274,7 +274,7 @@ def random_cycles(rng, qps, n_events, *, big_jump):
             else:
                 busy_until = c + rng.randint(20, 500)
         busy = c < busy_until
-        budget = min(9.0, budget + 0.25)
+        budget = min(11.0, budget + 0.25)
         if setup and c - last["init"] >= 6:
             qp = setup.pop()
             modes[qp] = pick_mode()
@@ -285,9 +285,9 @@ def random_cycles(rng, qps, n_events, *, big_jump):
                 modes[qp] = pick_mode()
                 init = (qp, modes[qp])
                 budget -= 3
-            if budget >= 9 and rng.random() < 0.06:
+            if budget >= 11 and rng.random() < 0.06:
                 cnp = rng.choice([q for q in range(qps) if modes[q] != NONE] or [0])
-                budget -= 9
+                budget -= 11
             if c - last["sent"] >= 4 and rng.random() < 0.6:
                 qp = rng.randrange(qps)
                 r = rng.random()
@@ -496,7 +496,7 @@ def test_flowmatrix_directed():
 
 def test_throughput():
     """A continuous stream issues one event per 3 clocks, rate 4 clocks after the issue; a
-    FlowMatrix update holds the machine 9 clocks."""
+    FlowMatrix update holds the machine 11 clocks."""
     p = dict(DEFAULTS, byte_reset=1000)
     qps = 8
     setup = [(0, 10, ("init", q, DCQCN)) for q in range(qps)]
@@ -523,16 +523,16 @@ def test_throughput():
     assert kinds[:20] == [0] * 4 + [1] * 8 + [2] * 8        # priority init > cnp > sent
     assert Counter(b2 - b1 for b1, b2 in pairwise(e[:20])) == {3: 19}
     assert e[0] == 5      # FIFO write at edge 0, issue at 1, rate at 5
-    # FlowMatrix: a CNP (update) followed by queued SENTs: 9 clocks, then 3
+    # FlowMatrix: a CNP (update) followed by queued SENTs: 11 clocks, then 3
     cyc = [(10, (0, FM), None, None)] + [(10, None, None, None)] * 10 + \
           [(10, None, 0, None)] + [(10, None, None, (1, 10, 0))] + [(10, None, None, None)] * 3 + \
           [(10, None, None, (1, 10, 0))]
     bf = Bench(qps, p).run(cyc, settle=60)
     e = [t[0] for t in bf.traces]
     assert [t[1] for t in bf.traces] == [0, 1, 2, 2]
-    # CNP in the FIFO at edge 11, issued at 12, traced at 22; the SENT waits until 12 + 9 = 21
-    # (traced 25); the next SENT (FIFO at 16) is issued 3 clocks later, at 24
-    assert e[1:] == [22, 25, 28]
+    # CNP in the FIFO at edge 11, issued at 12, traced at 24; the SENT waits until 12 + 11 = 23
+    # (traced 27); the next SENT (FIFO at 16) is issued 3 clocks later, at 26 (traced 30)
+    assert e[1:] == [24, 27, 30]
 
 
 def _expand(script):
