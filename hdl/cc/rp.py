@@ -69,17 +69,20 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
   due windows of the event's ``now`` and bytes - byte_reset are computed from the event alone.
 - I+2 (S2): the word, replaced by the last written word when that was the same QP (the write of
   the previous event lands after this event's read; the choice is registered in S1), is
-  decoded; due tests (two compares against the windows), byte counter, stages, the CNP
-  products, the sums of increase() (rt + rc + 1, max_rate + rc + 1); I+3 (S3): increase step
-  (hai_rate * factor), CNP decrease (up to max(rc - dec, 0)), alpha, FlowMatrix Q products;
-  I+4 (S4): new rates (one addition and a choice each); the state is written, ``rate`` and
-  ``trace`` pulse.
+  decoded; due tests (two compares against the windows), byte counter, stages and the
+  operands of the increase step, the sums of increase() (rt + rc + 1, max_rate + rc + 1);
+  I+3 (S3): increase step (an 18 x 9 product; the rate's top 2 bits times the factor go into
+  the sums), the CNP products, alpha shifted; I+4 (S4): new rates (one addition and a choice
+  each), new alpha; the state is written, ``rate`` and ``trace`` pulse. A CNP of a DCQCN QP
+  computes max(rc - dec, 0) and max(floor, min_rate) in S4 and writes in S5 (I+5).
 - So events issue every 3 clocks (I+3 is the next issue: its S2 at I+5 sees this write by
-  forwarding). A FlowMatrix update (CNP of a mode-2 QP, or its TIMER with the period due)
+  forwarding), every 4 after a CNP of a DCQCN QP (its S2 at I+6 sees the write of I+5). A
+  FlowMatrix update (CNP of a mode-2 QP, or its TIMER with the period due)
   continues through F5..F12 (fm_b * Q; table index; table word registered; (1 - a) * s; W and
   65536 - W; K * (65536 - W) with K = max_rate * fm_norm, as three registered 18 x 17 products;
   their sum; clamp and write at I+12): it occupies the machine for 11 clocks instead of 3.
-  ``rate`` comes 4 (12) clocks after the issue.
+  ``rate`` comes 4 clocks after the issue (5 for a CNP of a DCQCN QP, 12 for a FlowMatrix
+  update).
 - Every multiplier output is registered; the widest, K * (65536 - W), is 52 x 17 bits, split
   in three products summed in the next stage.
 - Parameters pass one register stage (two for the derived ones: min_dec_fac * 1311, K,
@@ -90,23 +93,23 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
   flip-flop behind a block-RAM output (its clock-to-out is ~5.6 ns), at most one carry chain and
   a choice, or one multiplier, per stage.
 
-Input FIFOs and the spacing that keeps them from overflowing (an event that finds its FIFO full
-is lost and pulses ``lost``): ``sent`` holds 8 and never overflows when sent events come at
-most once per 4 clocks and the init and cnp events of any window of T clocks need at most
-T/4 + 11 clocks of the machine (3 each; 11 for a CNP of a FlowMatrix QP) -- e.g. DCQCN CNPs at
-one per 12 clocks with bursts of three, or FlowMatrix CNPs at one per 44. (Timer events are
-issued only when all three FIFOs are empty, so at most one, of at most 11 clocks, delays a
-backlog.) ``cnp`` holds 8: DCQCN CNPs at most one per 9 clocks on average (bursts of 7),
-FlowMatrix CNPs one per 11; ``init`` holds 4 (host writes, tens of clocks apart).
+Input FIFOs and the spacing that keeps them from overflowing (an event that finds its FIFO full is
+lost and pulses ``lost``): ``sent`` holds 8 and never overflows when sent events come at most once
+per 4 clocks and the init and cnp events of any window of T clocks need at most T/4 + 11 clocks of
+the machine (3 for an INIT, 4 for a CNP of a DCQCN QP, 11 for a CNP of a FlowMatrix QP) -- e.g.
+DCQCN CNPs at one per 16 clocks with bursts of two, or FlowMatrix CNPs at one per 44. (Timer
+events are issued only when all three FIFOs are empty, so at most one, of at most 11 clocks,
+delays a backlog.) ``cnp`` holds 8: DCQCN CNPs at most one per 9 clocks on average (bursts of 7),
+FlowMatrix CNPs at most one per 11; ``init`` holds 4 (host writes, tens of clocks apart).
 
 Timer scanner: reads one QP per clock through a second RAM read port, round robin (the word is
-registered, then tested against the due windows of the ``now_us`` of the clock before: a QP's
-test is 2 clocks behind its read), and raises
-TIMER for a QP of mode DCQCN that is active with t_alpha or t_rate due, or of mode FlowMatrix
-with t_fm due. One request waits in a slot for the machine; while the slot is full the
-scanner re-reads the QP it found due (so no QP is skipped). Its view may be 2 clocks stale (and
-a word read in the clock its QP is written is undefined on hardware): the machine re-checks
-every condition, and a TIMER with nothing due only appears in the trace.
+registered, then tested against the due windows of the ``now_us`` of the clock before, and the
+test registered: a QP's test result is 3 clocks behind its read), and raises TIMER for a QP of
+mode DCQCN that is active with t_alpha or t_rate due, or of mode FlowMatrix with t_fm due. One
+request waits in a slot for the machine; while the slot is full the scanner re-reads the QP it
+found due (so no QP is skipped). Its view may be 3 clocks stale (and a word read in the clock its
+QP is written is undefined on hardware): the machine re-checks every condition, and a TIMER with
+nothing due only appears in the trace.
 
 Ports (``IB`` = log2(qps); every stream is always ready; ``qps`` a power of two >= 2):
   ``init``      In   ``{qp: IB, mode: 2}``: the host set up (or re-set) the QP, mode RpMode.
@@ -196,6 +199,7 @@ class ReactionPoint(wiring.Component):
     FIFO_CNP = 8
     FIFO_SENT = 8
     PERIOD = 3          # clocks per event
+    PERIOD_CNP = 4      # clocks per CNP of a DCQCN QP
     PERIOD_FM = 11      # clocks per FlowMatrix update
 
     def __init__(self, qps=256):
@@ -313,20 +317,22 @@ class ReactionPoint(wiring.Component):
         t_valid = Signal()                    # the TIMER request slot
         t_qp = Signal(ib)
         t_take = Signal()                     # the machine issues the slot's TIMER this clock
-        found = Signal()
-        m.d.comb += [
-            sc_rd.addr.eq(sc_addr),
+        q3 = Signal(ib)
+        found = Signal()                      # QP q3 has a timer due (registered test of w2)
+        m.d.comb += sc_rd.addr.eq(sc_addr)
+        m.d.sync += [
             found.eq(v2 & (
                 ((w2.mode == P.MODE_DCQCN) & w2.active
                  & (_in_window(w2.t_alpha, sc_win["alpha_period"])
                     | _in_window(w2.t_rate, sc_win["time_reset"])))
                 | ((w2.mode == P.MODE_FLOWMATRIX) & _in_window(w2.t_fm, sc_win["fm_period"])))),
+            q3.eq(q2),
         ]
         with m.If(t_take):
             m.d.sync += t_valid.eq(0)
         with m.If(found & t_valid & ~t_take):
-            # Slot busy: read q2 again (the words behind it are dropped and read again too).
-            m.d.sync += [sc_addr.eq(q2), v1.eq(0), v2.eq(0)]
+            # Slot busy: read q3 again (the words behind it are dropped and read again too).
+            m.d.sync += [sc_addr.eq(q3), v1.eq(0), v2.eq(0), found.eq(0)]
         with m.Else():
             m.d.sync += [
                 sc_addr.eq(sc_addr + 1), q1.eq(sc_addr), v1.eq(1), q2.eq(q1), v2.eq(v1),
@@ -335,11 +341,12 @@ class ReactionPoint(wiring.Component):
                 w2.t_fm.eq(sc_word.t_fm),
             ]
             with m.If(found):
-                m.d.sync += [t_valid.eq(1), t_qp.eq(q2)]
+                m.d.sync += [t_valid.eq(1), t_qp.eq(q3)]
 
         # ------------------------------------------------------------ issue
         cool = Signal(range(self.PERIOD_FM))  # clocks until the next issue is allowed
         fm_long = Signal()                    # S2: this event is a FlowMatrix update
+        cnp_long = Signal()                   # S2: this event is a CNP of a DCQCN QP
         can = cool == 0
         pick_init = Signal()
         pick_cnp = Signal()
@@ -370,6 +377,8 @@ class ReactionPoint(wiring.Component):
             m.d.sync += cool.eq(self.PERIOD - 1)
         with m.Elif(fm_long):
             m.d.sync += cool.eq(self.PERIOD_FM - 3)
+        with m.Elif(cnp_long):
+            m.d.sync += cool.eq(self.PERIOD_CNP - 3)
         with m.Elif(cool != 0):
             m.d.sync += cool.eq(cool - 1)
 
@@ -423,11 +432,12 @@ class ReactionPoint(wiring.Component):
         bc_new = Signal(24)
         it_new = Signal(8)
         ib_new = Signal(8)
-        cls_fast = Signal()
-        cls_hyper = Signal()
-        factor = Signal(9)                   # lo - F + 1 when hyper (1..256)
-        prod_dec = Signal(RATE_BITS + 10)
-        prod_floor = Signal(RATE_BITS + 18)
+        # The step of increase(), hai_rate * factor (hyper), ai_rate (additive) or 0 (fast), as
+        # the operands of one 18 x 9 product and of a 2 x 9 one for the rate's top bits:
+        # inc = m_a * m_f + ((m_h * m_f) << 18).
+        m_a = Signal(18)
+        m_h = Signal(RATE_BITS - 18)
+        m_f = Signal(9)
         cnps_new = Signal(8)
         trend = Signal(16)
         nalpha = Signal(P.ALPHA_BITS + 1)    # 2**20 - alpha
@@ -457,6 +467,10 @@ class ReactionPoint(wiring.Component):
             it_s.eq(Mux(k_tmr, _inc_sat8(st.it), st.it)),
             ib_s.eq(Mux(k_sent, _inc_sat8(st.ib), st.ib)),
         ]
+        # hi < F iff both are; lo >= F iff both are; factor = lo - F + 1 when hyper (1..256)
+        cls_fast = (it_s < p.threshold) & (ib_s < p.threshold)
+        cls_hyper = (it_s >= p.threshold) & (ib_s >= p.threshold)
+        factor = Mux(it_s > ib_s, ib_s + 1 - p.threshold, it_s + 1 - p.threshold)[:9]
         s_due_a = _in_window(st.t_alpha, win["alpha_period"])
         s_due_r = _in_window(st.t_rate, win["time_reset"])
         s_due_f = _in_window(st.t_fm, win["fm_period"])
@@ -464,7 +478,7 @@ class ReactionPoint(wiring.Component):
         s_sent_d = k_sent & dcq & st.active
         s_tmr_d = k_tmr & dcq & st.active
         s_fm_upd = fmq & (k_cnp | (k_tmr & s_due_f))
-        m.d.comb += fm_long.eq(s2_valid & s_fm_upd)
+        m.d.comb += [fm_long.eq(s2_valid & s_fm_upd), cnp_long.eq(s2_valid & k_cnp & dcq)]
 
         with m.If(s2_valid):
             m.d.sync += [
@@ -484,11 +498,9 @@ class ReactionPoint(wiring.Component):
                 bc_new.eq(Mux(bc[24], (1 << 24) - 1, bc[:24])),
                 it_new.eq(Mux(s_tmr_d & s_due_r, it_s, st.it)),
                 ib_new.eq(Mux(s_sent_d & cross, ib_s, st.ib)),
-                cls_fast.eq((it_s < p.threshold) & (ib_s < p.threshold)),
-                cls_hyper.eq((it_s >= p.threshold) & (ib_s >= p.threshold)),
-                factor.eq(Mux(it_s > ib_s, ib_s + 1 - p.threshold, it_s + 1 - p.threshold)),
-                prod_dec.eq(st.rc * st.alpha[10:]),
-                prod_floor.eq(st.rc * mdf1311),
+                m_a.eq(Mux(cls_hyper, p.hai_rate[:18], Mux(cls_fast, 0, p.ai_rate[:18]))),
+                m_h.eq(Mux(cls_hyper, p.hai_rate[18:], Mux(cls_fast, 0, p.ai_rate[18:]))),
+                m_f.eq(Mux(cls_hyper, factor, 1)),
                 cnps_new.eq(Mux(k_cnp & fmq, _inc_sat8(st.cnps), st.cnps)),
                 trend.eq(Mux(d_infl[15], 0, d_infl)),
                 nalpha.eq((1 << P.ALPHA_BITS) - st.alpha),
@@ -501,60 +513,82 @@ class ReactionPoint(wiring.Component):
         # ------------------------------------------------------------ S3
         ph3 = Signal()
         ph4 = Signal()
-        m.d.sync += [ph3.eq(s2_valid), ph4.eq(ph3)]
-        inc = Signal(RATE_BITS + 9)          # rt increase of increase()
-        sub = Signal(RATE_BITS)              # max(rc - dec, 0) of a CNP
-        m1 = Signal(RATE_BITS + 1)           # max(floor, min_rate) of a CNP
-        zc = Signal(signed(RATE_BITS + 3))   # x1 - 2 max_rate: rc' = max_rate iff zc + inc in {0, 1}
+        ph5 = Signal()
+        m.d.sync += [ph3.eq(s2_valid), ph4.eq(ph3), ph5.eq(ph4)]
+        inc_lo = Signal(27)                  # m_a * m_f
+        hb = Signal(RATE_BITS - 18 + 9)      # m_h * m_f (weight 2**18)
+        rt3 = Signal(RATE_BITS + 12)         # rt + (hb << 18), and the other sums of increase()
+        x13 = Signal(RATE_BITS + 12)         # with the small product already in
+        zc3 = Signal(signed(RATE_BITS + 13))  # x1 - 2 max_rate + (hb << 18)
+        dmr3 = Signal(signed(RATE_BITS + 13))  # max_rate - rt - (hb << 18)
         y_not_max = Signal()                 # y1 >> 1 != max_rate
+        prod_dec = Signal(RATE_BITS + 10)    # CNP: rc * (alpha >> 10)
+        prod_floor = Signal(RATE_BITS + 18)  # CNP: rc * min_dec_fac * 1311
+        nsh = Signal(P.ALPHA_BITS + 1)       # (2**20 - alpha) >> g_shift
+        ash = Signal(P.ALPHA_BITS)           # alpha >> g_shift
         qa = Signal(24)
         qb = Signal(32)
         pa = Signal(32)
-        dec = Signal(RATE_BITS + 10)
-        flo = Signal(RATE_BITS + 1)
-        m.d.comb += [
-            dec.eq(prod_dec >> p.gd),
-            flo.eq(prod_floor >> 17),
-        ]
-        # alpha: (1 - g) alpha + g on a CNP, (1 - g) alpha when its timer is due
-        alpha_new = Signal(P.ALPHA_BITS)
-        alpha_up = Signal(P.ALPHA_BITS + 1)
-        m.d.comb += alpha_up.eq(old.alpha + (nalpha >> p.g_shift))
-        alpha_dn = (old.alpha - (old.alpha >> p.g_shift))[:P.ALPHA_BITS]
+        hbv = Signal(RATE_BITS - 18 + 9)
+        m.d.comb += hbv.eq(Mux(m_h[0], m_f, 0) + Mux(m_h[1], m_f << 1, 0))
+        hb18 = Cat(Const(0, 18), hbv)
         with m.If(ph3):
             m.d.sync += [
-                alpha_new.eq(Mux(cnp_d, Mux(alpha_up[P.ALPHA_BITS], (1 << P.ALPHA_BITS) - 1,
-                                            alpha_up[:P.ALPHA_BITS]),
-                                 Mux(tmr_d & due_a, alpha_dn, old.alpha))),
-                inc.eq(Mux(cls_hyper, p.hai_rate * factor, Mux(cls_fast, 0, p.ai_rate))),
-                sub.eq(Mux(old.rc >= dec, old.rc - dec, 0)),
-                m1.eq(Mux(flo > p.min_rate, flo, p.min_rate)),
-                zc.eq(x1 - mr2),
+                inc_lo.eq(m_a * m_f),
+                hb.eq(hbv),
+                rt3.eq(old.rt + hb18),
+                x13.eq(x1 + hb18),
+                zc3.eq(x1 - mr2 + hb18),
+                dmr3.eq(dmr - hb18),
                 y_not_max.eq(y1[1:] != p.max_rate),
+                prod_dec.eq(old.rc * old.alpha[10:]),
+                prod_floor.eq(old.rc * mdf1311),
+                nsh.eq(nalpha >> p.g_shift),
+                ash.eq(old.alpha >> p.g_shift),
                 qa.eq(p.fm_cnp_gain * cnps_new),
                 qb.eq(p.fm_trend_gain * trend),
                 pa.eq(p.fm_a * old.w),
             ]
 
         # ------------------------------------------------------------ S4: DCQCN result, write
-        rt_sum = Signal(RATE_BITS + 10)
+        # (a DCQCN CNP writes in S5: its decrease takes a stage more)
+        rt_sum = Signal(RATE_BITS + 12)
         capped = Signal()                    # rt + inc > max_rate
         avg2 = Signal(RATE_BITS + 1)         # min(rt + inc, max_rate) + rc + 1
-        zd = Signal(signed(RATE_BITS + 11))
+        zd = Signal(signed(RATE_BITS + 14))
         rt_inc = Signal(RATE_BITS)
         rc_inc = Signal(RATE_BITS)
         act_inc = Signal()                   # rc_inc != max_rate
-        rc_cnp = Signal(RATE_BITS)
+        alpha_up = Signal(P.ALPHA_BITS + 1)
+        alpha_new = Signal(P.ALPHA_BITS)     # (1 - g) alpha + g on a CNP, (1 - g) alpha when due
         m.d.comb += [
-            rt_sum.eq(old.rt + inc),
-            capped.eq(inc > dmr),
-            avg2.eq(Mux(capped, y1, x1 + inc)),
-            zd.eq(zc + inc),
+            rt_sum.eq(rt3 + inc_lo),
+            capped.eq(inc_lo > dmr3),
+            avg2.eq(Mux(capped, y1, x13 + inc_lo)),
+            zd.eq(zc3 + inc_lo),
             rt_inc.eq(Mux(capped, p.max_rate, rt_sum)),
             rc_inc.eq(avg2 >> 1),
             act_inc.eq(Mux(capped, y_not_max, zd[1:] != 0)),
-            rc_cnp.eq(Mux(sub > m1, sub, Mux(m1[RATE_BITS], _RATE_MAX, m1[:RATE_BITS]))),
+            alpha_up.eq(old.alpha + nsh),
+            alpha_new.eq(Mux(cnp_d, Mux(alpha_up[P.ALPHA_BITS], (1 << P.ALPHA_BITS) - 1,
+                                        alpha_up[:P.ALPHA_BITS]),
+                             Mux(tmr_d & due_a, (old.alpha - ash)[:P.ALPHA_BITS], old.alpha))),
         ]
+        sub = Signal(RATE_BITS)              # max(rc - dec, 0) of a CNP
+        m1 = Signal(RATE_BITS + 1)           # max(floor, min_rate) of a CNP
+        dec = Signal(RATE_BITS + 10)
+        flo = Signal(RATE_BITS + 1)
+        alpha5 = Signal(P.ALPHA_BITS)
+        m.d.comb += [dec.eq(prod_dec >> p.gd), flo.eq(prod_floor >> 17)]
+        with m.If(ph4):
+            m.d.sync += [
+                sub.eq(Mux(old.rc >= dec, old.rc - dec, 0)),
+                m1.eq(Mux(flo > p.min_rate, flo, p.min_rate)),
+                alpha5.eq(alpha_new),
+            ]
+        # S5 (DCQCN CNP only)
+        rc_cnp = Signal(RATE_BITS)
+        m.d.comb += rc_cnp.eq(Mux(sub > m1, sub, Mux(m1[RATE_BITS], _RATE_MAX, m1[:RATE_BITS])))
         nx = Signal(st_layout)               # the new state of a 3-clock event
         m.d.comb += nx.eq(old)
         with m.If(is_init):
@@ -566,7 +600,7 @@ class ReactionPoint(wiring.Component):
             ]
         with m.Elif(cnp_d):
             m.d.comb += [
-                nx.rt.eq(old.rc), nx.rc.eq(rc_cnp), nx.alpha.eq(alpha_new),
+                nx.rt.eq(old.rc), nx.rc.eq(rc_cnp), nx.alpha.eq(alpha5),
                 nx.t_alpha.eq(ev.now), nx.t_rate.eq(ev.now), nx.byte_cnt.eq(0),
                 nx.it.eq(0), nx.ib.eq(0), nx.active.eq(1),
             ]
@@ -626,7 +660,7 @@ class ReactionPoint(wiring.Component):
         ]
 
         # ------------------------------------------------------------ write, rate, trace
-        done3 = ph4 & ~fm_upd
+        done3 = (ph4 & ~fm_upd & ~cnp_d) | (ph5 & cnp_d)
         m.d.comb += [
             wr.addr.eq(ev.qp),
             wr.en.eq(done3 | f12),
