@@ -14,16 +14,20 @@ interval carry no news::
                                    ^                  | yes: last[qp] = now
                                    +------------------+
 
-Each CE event passes four stages, one clock each: issue (the RAM is addressed), read (the RAM
-word is registered), decide (the interval test at the ``now_us`` of this clock, registered),
-enqueue (queue the CNP, write ``last``; ``sent_inc`` / ``suppressed_inc`` pulse), so a CNP
-enters ``cnpq`` 4 clocks after its CE event left ``ceq``. Events issue every 2 clocks (the next
-issues while this one decides) and may name the same QP: the write is forwarded to it.
-``last`` is one word per QP in block RAM ({seen, time in us}); the time compare is modular (``now
-- last`` as unsigned 32 bits), exact for gaps below 2**32 us (71 minutes). CE events arrive at
-most one per received packet (a packet takes at least 2 clocks of the 512-bit datapath), so
-``ceq`` never overflows; when ``cnpq`` is full (the TX side busy with 4 CNPs) a CNP is suppressed
-and counted like one inside the interval.
+Each CE event passes four stages, one clock each: issue (the RAM is addressed), read (the RAM word
+is registered), decide (the interval test at the ``now_us`` of this clock, registered), enqueue
+(queue the CNP, write ``last``; ``sent_inc`` / ``suppressed_inc`` pulse), so a CNP enters ``cnpq``
+4 clocks after its CE event left ``ceq``. Events issue every 2 clocks (the next issues while this
+one decides) and may name the same QP: the write is forwarded to it. ``last`` is one word per QP
+in block RAM ({seen, time in us}); the time compare is modular (``now - last`` as unsigned 32
+bits), exact for gaps below 2**32 us (71 minutes). CE events arrive at most one per received
+packet (a packet takes at least 2 clocks of the 512-bit datapath), so ``ceq`` never overflows;
+when ``cnpq`` is full (the TX side busy with 4 CNPs) a CNP is suppressed and counted like one
+inside the interval.
+
+The stages are set by ECP5 timing at 125 MHz (``python -m stellar.sim.timing np``): a block RAM's
+clock-to-out (~5.6 ns) leaves room for nothing but a flip-flop behind it, and the interval test
+(a 32-bit subtraction and a compare) for nothing else in its clock.
 
 Ports
 -----
