@@ -644,6 +644,9 @@ def cc_block(name="cc", base=0x0600):
     """Congestion control and QoS (stellar.hdl.cc): notification point, reaction point, scheduler."""
     def rw(reg, offset, width, init, doc):
         return Register(reg, offset, width, "rw", doc, init=init)
+
+    def rp(reg, offset, width, doc):       # a reaction-point parameter: reset value from hdl.cc.params
+        return rw(reg, offset, width, RP_DEFAULTS[reg], doc)
     return Block(name, base, 1, "Congestion control and QoS (stellar.hdl.cc). Notification point: a "
                  "received RoCE packet marked ECN CE makes the NIC send a CNP to the sending QP, at "
                  "most one per QP per cnp_interval_us. Reaction point: per-QP DCQCN (or the "
@@ -663,30 +666,30 @@ def cc_block(name="cc", base=0x0600):
            "priority (6), as ConnectX cnp_dscp / cnp_802p_prio. CNPs are sent Not-ECT."),
         rw("max_rate", 0x14, 20, 0, "Reaction point: line rate in Mb/s, the highest rate and the "
            "rate a QP starts at. 0: the datapath's rate, data width x us_cycles."),
-        rw("min_rate", 0x18, 20, RP_DEFAULTS["min_rate"], "RPG_MIN_RATE: lowest rate in Mb/s."),
-        rw("ai_rate", 0x1C, 20, RP_DEFAULTS["ai_rate"], "RPG_AI_RATE: additive increase of the target rate, Mb/s."),
-        rw("hai_rate", 0x20, 20, RP_DEFAULTS["hai_rate"], "RPG_HAI_RATE: hyper increase step, Mb/s."),
-        rw("gd", 0x24, 4, RP_DEFAULTS["gd"], "RPG_GD: on a CNP the rate drops by rate x alpha / 2**gd with alpha "
+        rp("min_rate", 0x18, 20, "RPG_MIN_RATE: lowest rate in Mb/s."),
+        rp("ai_rate", 0x1C, 20, "RPG_AI_RATE: additive increase of the target rate, Mb/s."),
+        rp("hai_rate", 0x20, 20, "RPG_HAI_RATE: hyper increase step, Mb/s."),
+        rp("gd", 0x24, 4, "RPG_GD: on a CNP the rate drops by rate x alpha / 2**gd with alpha "
            "in 1/1024 units (11: rate x (1 - alpha/2), DCQCN)."),
-        rw("min_dec_fac", 0x28, 7, RP_DEFAULTS["min_dec_fac"], "RPG_MIN_DEC_FAC: a CNP leaves at least this percentage of "
+        rp("min_dec_fac", 0x28, 7, "RPG_MIN_DEC_FAC: a CNP leaves at least this percentage of "
            "the rate."),
-        rw("threshold", 0x2C, 4, RP_DEFAULTS["threshold"], "RPG_THRESHOLD (F): increase events of the timer and the byte "
+        rp("threshold", 0x2C, 4, "RPG_THRESHOLD (F): increase events of the timer and the byte "
            "counter before fast recovery gives way to additive (one of them past F) and hyper "
            "increase (both past F)."),
-        rw("g_shift", 0x30, 4, RP_DEFAULTS["g_shift"], "Alpha gain g = 2**-g_shift (DCE_TCP_G; 8: g = 1/256)."),
-        rw("initial_alpha", 0x34, 10, RP_DEFAULTS["initial_alpha"], "Alpha of a QP at setup, 1/1024 units (1023 ~ 1)."),
-        rw("time_reset", 0x38, 16, RP_DEFAULTS["time_reset"], "RPG_TIME_RESET: rate-increase timer period, us."),
-        rw("byte_reset", 0x3C, 24, RP_DEFAULTS["byte_reset"], "RPG_BYTE_RESET: rate-increase byte counter, bytes."),
-        rw("alpha_period", 0x40, 16, RP_DEFAULTS["alpha_period"], "Alpha update period, us (alpha decays by (1 - g) each "
+        rp("g_shift", 0x30, 4, "Alpha gain g = 2**-g_shift (DCE_TCP_G; 8: g = 1/256)."),
+        rp("initial_alpha", 0x34, 10, "Alpha of a QP at setup, 1/1024 units (1023 ~ 1)."),
+        rp("time_reset", 0x38, 16, "RPG_TIME_RESET: rate-increase timer period, us."),
+        rp("byte_reset", 0x3C, 24, "RPG_BYTE_RESET: rate-increase byte counter, bytes."),
+        rp("alpha_period", 0x40, 16, "Alpha update period, us (alpha decays by (1 - g) each "
            "period without a CNP; DCE_TCP_RTT)."),
-        rw("fm_a", 0x44, 16, RP_DEFAULTS["fm_a"], "FlowMatrix (experimental) a, Q0.16 (0.7)."),
-        rw("fm_b", 0x48, 16, RP_DEFAULTS["fm_b"], "FlowMatrix b, Q8.8 (0.3)."),
-        rw("fm_c", 0x4C, 16, RP_DEFAULTS["fm_c"], "FlowMatrix c, signed Q8.8 (0.5)."),
-        rw("fm_period", 0x50, 16, RP_DEFAULTS["fm_period"], "FlowMatrix weight update period, us."),
-        rw("fm_cnp_gain", 0x54, 16, RP_DEFAULTS["fm_cnp_gain"], "FlowMatrix congestion signal per CNP in a period, Q8.8."),
-        rw("fm_trend_gain", 0x58, 16, RP_DEFAULTS["fm_trend_gain"], "FlowMatrix congestion signal per PSN of growth of the "
+        rp("fm_a", 0x44, 16, "FlowMatrix (experimental) a, Q0.16 (0.7)."),
+        rp("fm_b", 0x48, 16, "FlowMatrix b, Q8.8 (0.3)."),
+        rp("fm_c", 0x4C, 16, "FlowMatrix c, signed Q8.8 (0.5)."),
+        rp("fm_period", 0x50, 16, "FlowMatrix weight update period, us."),
+        rp("fm_cnp_gain", 0x54, 16, "FlowMatrix congestion signal per CNP in a period, Q8.8."),
+        rp("fm_trend_gain", 0x58, 16, "FlowMatrix congestion signal per PSN of growth of the "
            "QP's in-flight packets over a period (the early warning), Q8.8."),
-        rw("fm_norm", 0x5C, 32, RP_DEFAULTS["fm_norm"], "FlowMatrix rate normalisation, Q16.16: "
+        rp("fm_norm", 0x5C, 32, "FlowMatrix rate normalisation, Q16.16: "
            "2**32 / (65536 - sigmoid(c)), so that no congestion signal means the line rate "
            "(stellar.hdl.cc.sigmoid.fm_norm; rewrite it with fm_c)."),
         rw("qp_burst", 0x60, 24, 16384, "Pacer bucket depth of every QP, bytes."),

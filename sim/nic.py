@@ -9,6 +9,7 @@ memory, recording every DMA write), AXI-Stream source/sink on ``s_axis_wr``, ``s
 the same code the host driver uses.
 """
 
+import functools
 import logging
 import random
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from .hostmem import RecordingAxiRam
 from .tb import AxilRegs, pause_generator
 from .verbs import Completion, WcOpcode, WcStatus
 
-__all__ = ["SimNic", "QpConfig", "AxilRegs", "MR_INDEX", "MR_TAG"]
+__all__ = ["SimNic", "QpConfig", "AxilRegs", "MR_INDEX", "MR_TAG", "pair_verilog"]
 
 MR_INDEX = 1
 MR_TAG = 0x5A
@@ -46,6 +47,16 @@ class QpConfig:
     rnr_retry: int = 7
     min_rnr_timer: int = 1      # 10 us
     traffic_class: int = 0x02   # ECT(0): switches may mark CE
+
+
+@functools.cache
+def pair_verilog(width, qps=16):
+    """The ``stellar_nic2`` Verilog the two-NIC testbenches run (exported once per process and
+    cached on disk by ``stellar.sim.verilog``)."""
+    from stellar.hdl.top.nic import PAIR_NAME, verilog_top
+    from stellar.sim.verilog import export_verilog
+    return export_verilog(PAIR_NAME, functools.partial(verilog_top, two=True),
+                          {"width": width, "qps": qps})
 
 
 def _tables():
@@ -109,16 +120,27 @@ class SimNic:
                                                va=0, length=self.mem_size, bus_base=0)
 
     async def create_qp(self, index, qpn, *, peer, remote_qpn, cfg: QpConfig, sq_psn, rq_psn,
-                        udp_sport=0xC000):
-        """An RC QP in RTS: flow entry (tenant 0, ``qpn``) -> ``index`` and its context."""
-        await self.tables.insert_flow(0, qpn, index)
+                        udp_sport=0xC000, tenant=0, vlan=None, sl=0, cc_mode=0, weight=0):
+        """An RC QP in RTS: flow entry (``tenant``, ``qpn``) -> ``index`` and its context; sends
+        tagged with VLAN ``vlan`` (None: untagged), traffic class ``sl``, rate control
+        ``cc_mode`` (``CcMode``) and round-robin ``weight``."""
+        await self.tables.insert_flow(tenant, qpn, index)
         await self.tables.write_qp(
-            index, state=QpState.RTS, tenant=0, pd=0, pmtu=int(cfg.pmtu), ipv6=0,
+            index, state=QpState.RTS, tenant=tenant, pd=0, pmtu=int(cfg.pmtu), ipv6=0,
             dst_mac=peer.mac, dst_ip=peer.ip, sgid_index=0, remote_qpn=remote_qpn,
             sq_psn=sq_psn, epsn=rq_psn, msn=0, timeout=cfg.timeout, retry_cnt=cfg.retry_cnt,
             rnr_retry=cfg.rnr_retry, min_rnr_timer=cfg.min_rnr_timer, pkey=0xFFFF,
             traffic_class=cfg.traffic_class, hop_limit=64, flow_label=0,
-            udp_sport=udp_sport + index, sl=0, tx_vlan=0)
+            udp_sport=udp_sport + index, sl=sl, tx_vlan=0 if vlan is None else (1 << 12) | vlan,
+            cc_mode=int(cc_mode), weight=weight)
+
+    async def register_tenant(self, tenant, vlan, mr_index):
+        """Tenant ``tenant`` arrives on VLAN ``vlan`` and owns an MR (index ``mr_index``) over all
+        host memory like the one of ``setup``; returns its rkey."""
+        await self.tables.map_vlan(vlan, tenant)
+        access = Access.LOCAL_WRITE | Access.REMOTE_WRITE | Access.REMOTE_READ
+        return await self.tables.write_mr(mr_index, tag=MR_TAG, tenant=tenant, pd=0, access=access,
+                                          va=0, length=self.mem_size, bus_base=0)
 
     # ------------------------------------------------------------------ queues
     async def post_send(self, wr):

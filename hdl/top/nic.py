@@ -1,16 +1,18 @@
 # Ref: IBTA Vol 1 Annex A17 (RoCEv2); IBTA Vol 1 ch. 9.7 (RC transport)
-"""``stellar_nic``: one complete RoCEv2 RC NIC core, and ``stellar_nic2``: two of them, for
+r"""``stellar_nic``: one complete RoCEv2 RC NIC core, and ``stellar_nic2``: two of them, for
 simulations where NIC A and NIC B talk through a network model.
 
 ::
 
     s_axis_rx -> RxFlowPipeline --o_meta/o--> RcTransport --tx--> TxBuilder -> Deparser -> m_axis_tx
-                 (parser, ICRC,    <---wb---   |  ^  |             |  ^
-                  tenants, flow,               |  |  +-- dma write  |  +-- dma read (payload)
-                  MR check, QP ctx)            |  |        \\        /
+                 (parser, ICRC,    <---wb---   |  ^  |             |  ^  ^
+                  tenants, flow,               |  |  +-- dma write  |  |  +-- CNPs
+                  MR check, QP ctx)            |  |        \        /  |
                                   s_axis_wr ---+  |         Dma (AXI4 master) --> m_axi (host memory)
                                   s_axis_rr ---+  +--> m_axis_cq
-    s_axil -> CSR bank (ident, pktengine, flow, qpctx, mr, transport)
+                 rx_meta tap, ctx writes, packets sent, QPs with work
+                       --> CongestionControl --> next QP to send, CNPs, class markings
+    s_axil -> CSR bank (ident, pktengine, flow, qpctx, mr, transport, cc)
 
 Ports (single-underscore AXI names, DESIGN.md): ``clk``, ``rst``; ``s_axis_rx_*`` / ``m_axis_tx_*``
 (Ethernet frames without FCS, ``W``-bit); ``m_axi_*`` (AXI4 master, 64-bit addresses, ``W``-bit
@@ -31,12 +33,13 @@ import argparse
 from pathlib import Path
 
 from amaranth.back import verilog
-from amaranth.hdl import Module
+from amaranth.hdl import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ..axil import AxiLiteSignature, FlatPorts
 from ..axis import AxiStreamSignature, axis_to_stream, stream_to_axis
+from ..cc.block import CongestionControl
 from ..csr import AxiLiteCsrBank
 from ..dma.axi4 import Axi4Signature
 from ..dma.engine import Dma
@@ -44,8 +47,8 @@ from ..flow.rxflow import RxFlowPipeline
 from ..net.deparser import Deparser
 from ..regmap import REGMAP
 from ..transport.engine import RcTransport
-from ..transport.formats import COMPLETION, RECV_REQUEST, WORK_REQUEST
-from ..transport.txbuild import TxBuilder
+from ..transport.formats import CNP_OPCODE, COMPLETION, RECV_REQUEST, WORK_REQUEST
+from ..transport.txbuild import PayloadSrc, TxBuilder, tx_desc_layout
 
 __all__ = ["NicCore", "NicPair", "TOP_NAME", "PAIR_NAME", "WR_BITS", "RR_BITS", "CQ_BITS",
            "verilog_top", "convert"]
@@ -101,6 +104,7 @@ class NicCore(wiring.Component):
         m.submodules.transport = tp = RcTransport(W, qps=self.qps, sq_depth=self.sq_depth,
                                                   rq_depth=self.rq_depth)
         m.submodules.builder = tb = TxBuilder(W, tp.index_bits)
+        m.submodules.cc = cc = CongestionControl(W, qps=self.qps)
         m.submodules.deparser = dep = Deparser(W)
         m.submodules.dma = dma = Dma(W)
         m.submodules.csr = csr = AxiLiteCsrBank(REGMAP)
@@ -109,19 +113,40 @@ class NicCore(wiring.Component):
         for block in ("pktengine", "flow", "qpctx", "mr"):
             wiring.connect(m, getattr(pipe, block), getattr(csr, block))
         wiring.connect(m, tp.csr, csr.transport)
+        wiring.connect(m, cc.csr, csr.cc)
 
         # receive: wire -> pipeline -> transport
         m.d.comb += axis_to_stream(self.s_axis_rx, pipe.i)
         wiring.connect(m, pipe.o_meta, tp.rx_meta)
         wiring.connect(m, pipe.o, tp.rx)
         wiring.connect(m, tp.wb, pipe.wb)
-        wiring.connect(m, pipe.ctx_written, tp.ctx_written)
+        m.d.comb += [tp.ctx_written.valid.eq(pipe.ctx_written.valid),
+                     tp.ctx_written.payload.eq(pipe.ctx_written.payload),
+                     cc.ctx_written.valid.eq(pipe.ctx_written.valid),
+                     cc.ctx_written.payload.eq(pipe.ctx_written.payload)]
         wiring.connect(m, tp.set_state, pipe.set_state)
         wiring.connect(m, tp.mr_invalidate, pipe.mr_invalidate)
         m.d.comb += pipe.dropped.ready.eq(1)     # dropped frames are counted by the pipeline
 
-        # transmit: transport -> builder -> deparser -> wire
-        wiring.connect(m, tp.tx, tb.desc)
+        # congestion control: taps of what the transport takes and sends; it schedules the QPs
+        m.d.comb += [cc.rx_tap.valid.eq(pipe.o_meta.valid & tp.rx_meta.ready),
+                     cc.rx_tap.payload.eq(pipe.o_meta.payload)]
+        wiring.connect(m, tp.sent, cc.sent)
+        wiring.connect(m, tp.sched_push, cc.sched_push)
+        wiring.connect(m, cc.sched_pop, tp.sched_pop)
+        m.d.comb += [tb.tc_mark.eq(cc.tc_mark), tb.cnp_mark.eq(cc.cnp_mark)]
+
+        # transmit: transport and CNPs -> builder -> deparser -> wire. A CNP is one header-only
+        # descriptor; it goes first (descriptors are whole packets, any interleaving is valid).
+        cnp_desc = Signal(tx_desc_layout(tp.index_bits))
+        m.d.comb += [cnp_desc.qp.eq(cc.cnp.payload.qp), cnp_desc.opcode.eq(CNP_OPCODE),
+                     cnp_desc.src.eq(PayloadSrc.NONE)]
+        with m.If(cc.cnp.valid):
+            m.d.comb += [tb.desc.valid.eq(1), tb.desc.payload.eq(cnp_desc),
+                         cc.cnp.ready.eq(tb.desc.ready)]
+        with m.Else():
+            m.d.comb += [tb.desc.valid.eq(tp.tx.valid), tb.desc.payload.eq(tp.tx.payload),
+                         tp.tx.ready.eq(tb.desc.ready)]
         m.d.comb += [tp.txc_addr.eq(tb.ctx_addr), tp.txc_en.eq(tb.ctx_en),
                      tb.ctx_data.eq(tp.txc_data), tb.gid.eq(tp.gid)]
         wiring.connect(m, tb.o_meta, dep.i_meta)

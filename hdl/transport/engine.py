@@ -92,6 +92,7 @@ from ..flow.rxflow import rx_meta_layout
 from ..net.layout import beat_layout
 from ..regmap import GIDS, REGMAP, transport_config
 from .formats import (
+    CNP_OPCODE,
     COMPLETION,
     INLINE_MAX,
     RECV_REQUEST,
@@ -109,7 +110,7 @@ from .formats import (
 )
 from .txbuild import PayloadSrc, gid_layout, tx_desc_layout
 
-__all__ = ["RcTransport", "ctx_written_layout", "set_state_layout"]
+__all__ = ["RcTransport", "ctx_written_layout", "sent_layout", "set_state_layout"]
 
 O = RcOpcode
 
@@ -117,6 +118,12 @@ O = RcOpcode
 def ctx_written_layout(index_bits):
     return data.StructLayout({"index": index_bits, "mask": len(QP_CONTEXT.fields),
                               "ctx": qp_context_layout()})
+
+
+def sent_layout(index_bits):
+    """A request packet the requester queued for the wire (new or resent): what the TX scheduler
+    charges to the QP's and tenant's token buckets and the reaction point counts."""
+    return data.StructLayout({"qp": index_bits, "bytes": 16, "inflight": 16})
 
 
 def set_state_layout(index_bits):
@@ -162,6 +169,9 @@ class RcTransport(wiring.Component):
             "rr":          In(stream.Signature(struct_layout(RECV_REQUEST))),
             "cq":          Out(stream.Signature(struct_layout(COMPLETION))),
             "tx":          Out(stream.Signature(tx_desc_layout(IB))),
+            "sched_push":  Out(stream.Signature(data.StructLayout({"qp": IB}), always_ready=True)),
+            "sched_pop":   In(stream.Signature(data.StructLayout({"qp": IB}))),
+            "sent":        Out(stream.Signature(sent_layout(IB), always_ready=True)),
             "txc_addr":    In(IB),
             "txc_en":      In(1),
             "txc_data":    Out(qp_context_layout()),
@@ -286,7 +296,6 @@ class RcTransport(wiring.Component):
         m.d.comb += [toq.w_en.eq(scan_ok & expired(scanned)), toq.w_data.eq(scan_d)]
 
         # ------------------------------------------------------------ queues
-        m.submodules.sched = sched = SyncFIFOBuffered(width=IB, depth=self.qps)
         # Short on purpose: every request packet queued here (and in the builder) has left the
         # requester's hands, so a go-back-N rewind waits for it to go out first. Two packets of
         # look-ahead keep the wire busy at 512 bits; more only lengthen loss recovery.
@@ -638,7 +647,7 @@ class RcTransport(wiring.Component):
         rx_take = Signal()
         m.d.comb += self.rx_meta.ready.eq(rx_take)
         sched_push = Signal()
-        m.d.comb += [sched.w_en.eq(sched_push), sched.w_data.eq(qp)]
+        m.d.comb += [self.sched_push.valid.eq(sched_push), self.sched_push.payload.qp.eq(qp)]
         # default send-queue slot: the WQE being sent (SEND) or the oldest one; states override
         m.d.comb += sq_slot.eq(Mux(ev == _Ev.SEND, s.sq_cur, s.sq_tail))
         m.d.comb += rq_slot.eq(s.rq_tail)
@@ -661,7 +670,7 @@ class RcTransport(wiring.Component):
         with m.FSM(name="ev"):
             with m.State("IDLE"):
                 can_send = Signal()
-                m.d.comb += can_send.eq(sched.r_rdy & txq.w_rdy)
+                m.d.comb += can_send.eq(self.sched_pop.valid & txq.w_rdy)
                 others = Signal()
                 m.d.comb += others.eq(toq.r_rdy | can_send | self.wr.valid | self.rr.valid)
                 with m.If(initq.r_rdy):
@@ -675,8 +684,8 @@ class RcTransport(wiring.Component):
                     m.d.sync += [ev.eq(_Ev.TIMEOUT), qp.eq(toq.r_data), prefer_rx.eq(1)]
                     m.next = "LOAD"
                 with m.Elif(can_send):
-                    m.d.comb += sched.r_en.eq(1)
-                    m.d.sync += [ev.eq(_Ev.SEND), qp.eq(sched.r_data), prefer_rx.eq(1)]
+                    m.d.comb += self.sched_pop.ready.eq(1)
+                    m.d.sync += [ev.eq(_Ev.SEND), qp.eq(self.sched_pop.payload.qp), prefer_rx.eq(1)]
                     m.next = "LOAD"
                 with m.Elif(self.wr.valid):
                     m.d.sync += [ev.eq(_Ev.POST), qp.eq(wrq.qp), prefer_rx.eq(1)]
@@ -749,6 +758,8 @@ class RcTransport(wiring.Component):
                                 m.d.comb += [rx_take.eq(1), mv_push.eq(1), mve.write.eq(0)]
                                 with m.If(is_resp & ann.roce):
                                     m.d.comb += csr.rx_stale_inc.eq(1)
+                                with m.Elif(rec.bth_opcode == CNP_OPCODE):
+                                    pass    # the reaction point took it (stellar.hdl.cc)
                                 with m.Else():
                                     m.d.comb += csr.rx_drop_state_inc.eq(1)
                                 m.next = "IDLE"
@@ -1095,6 +1106,10 @@ class RcTransport(wiring.Component):
                 v.txq.w_en.eq(1),
                 v.txq.w_data.eq(desc),
                 csr.tx_packets_inc.eq(1),
+                self.sent.valid.eq(1),
+                self.sent.payload.qp.eq(v.qp),
+                self.sent.payload.bytes.eq(desc.plen),
+                self.sent.payload.inflight.eq(Mux(after_out[16:] != 0, 0xFFFF, after_out[:16])),
             ]
             with m.If(f):
                 wq = Signal(v.wqe_l)

@@ -3,18 +3,11 @@ the switch model: data integrity and completions at several loss rates, both dat
 several QPs in parallel; retry exhaustion; remote errors.
 """
 
-import functools
-
 import pytest
-from stellar.hdl.top.nic import PAIR_NAME, verilog_top
+from stellar.hdl.top.nic import PAIR_NAME
+from stellar.sim.nic import pair_verilog
 from stellar.sim.runner import run_cocotb, tb_env
-from stellar.sim.verilog import export_verilog, param_slug
-
-
-@functools.cache
-def pair_verilog(width):
-    return export_verilog(PAIR_NAME, functools.partial(verilog_top, two=True),
-                          {"width": width, "qps": 16})
+from stellar.sim.verilog import param_slug
 
 
 def run(width, testcase, **params):
