@@ -433,6 +433,34 @@ def test_dcqcn_floors():
         assert _rates(b, 0) == [3, lo]
 
 
+def test_dcqcn_large_steps():
+    """Rate steps wider than 18 bits (ai_rate, hai_rate * factor >= 2**18 Mb/s) below a
+    max_rate that does not cap them: the bench checks every rate against the model, the first
+    ones are also worked out by hand."""
+    M = (1 << 20) - 1
+    p = dict(DEFAULTS, max_rate=M, min_rate=1000, ai_rate=300000, hai_rate=270000, gd=1,
+             min_dec_fac=0, threshold=2, time_reset=10, alpha_period=1000, byte_reset=100)
+    script = [(0, 0, ("init", 1, DCQCN)), (5, 0, ("cnp", 1)), (5, 0, ("cnp", 1))]
+    now = 0
+    # (the second CNP waits for the machine into now = 10: t_rate = 10)
+    for _ in range(4):                  # timer from now = 20: fast (it = 1), additive (it = 2, 3)
+        now += 10
+        script.append((40, now, None))
+    script.append((0, now, ("cnp", 1)))
+    for _ in range(4):                  # bytes: ib = 1..4 (it = 0): fast, then additive
+        script.append((6, now, ("sent", 1, 150, 0)))
+    for _ in range(3):                  # timer: it = 1 (additive), 2 and 3 (hyper, ib = 4)
+        now += 10
+        script.append((40, now, None))
+    b = _direct(p, script)
+    r = _rates(b, 1)
+    # CNPs: dec = (rc * 1023) >> 1 > rc, so rc = min_rate (rt = M, then 1000); increases:
+    # (1000 + 300000 + 1000 + 1) >> 1, (601000 + 151000 + 1) >> 1
+    assert r[:6] == [M, 1000, 1000, 1000, 151000, 376000]
+    assert max(r[7:]) < M
+    assert sum(1 for r1, r2 in pairwise(r[6:]) if r2 - r1 >= 1 << 17) >= 3, r
+
+
 def test_dcqcn_recovers_and_goes_inactive():
     """After a CNP the timer alone brings the rate back to max_rate; then the QP is inactive:
     no more timer events nor rates for it, SENT ignored."""
