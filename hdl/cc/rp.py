@@ -72,11 +72,14 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
   decoded; due tests (two compares against the windows), byte counter, stages and the
   operands of the increase step, the sums of increase() (rt + rc + 1, max_rate + rc + 1);
   I+3 (S3): increase step (an 18 x 9 product; the rate's top 2 bits times the factor go into
-  the sums), the CNP products, alpha shifted; I+4 (S4): new rates (one addition and a choice
-  each), new alpha; the state is written, ``rate`` and ``trace`` pulse. A CNP of a DCQCN QP
-  computes max(rc - dec, 0) and max(floor, min_rate) in S4 and writes in S5 (I+5).
-- So events issue every 3 clocks (I+3 is the next issue: its S2 at I+5 sees this write by
-  forwarding), every 4 after a CNP of a DCQCN QP (its S2 at I+6 sees the write of I+5). A
+  the sums), the CNP products, alpha shifted, the byte counter's and stages' choices; I+4
+  (S4): new rates (one addition and a choice each), new alpha; the new state is registered,
+  ``rate`` and ``trace`` pulse; the RAM write follows from that register at I+5. A CNP of a
+  DCQCN QP computes max(rc - dec, 0) and max(floor, min_rate) in S4 and its state in S5 (I+5).
+- So events issue every 3 clocks (I+3 is the next issue: its S2 at I+5 takes the new state
+  from the result register), every 4 after a CNP of a DCQCN QP (the next S2 at I+6 sees the
+  result of I+5); whether an event is one of the longer kinds is known in S3, which holds the
+  issue of I+3 back. A
   FlowMatrix update (CNP of a mode-2 QP, or its TIMER with the period due)
   continues through F5..F12 (fm_b * Q; table index; table word registered; (1 - a) * s; W and
   65536 - W; K * (65536 - W) with K = max_rate * fm_norm, as three registered 18 x 17 products;
@@ -85,13 +88,14 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
   update).
 - Every multiplier output is registered; the widest, K * (65536 - W), is 52 x 17 bits, split
   in three products summed in the next stage.
-- Parameters pass one register stage (two for the derived ones: min_dec_fac * 1311, K,
-  max_rate + 1, 2 max_rate, fm_c + 2048; three for sigma0): a CSR change applies to events
-  issued 3 or more clocks later. Change them while no QP depends on the old values (the driver
-  writes them before setting QPs up).
+- Parameters pass one register stage (two for the derived ones: min_dec_fac * 1311, max_rate
+  + 1, 2 max_rate, fm_c + 2048; three for K = max_rate * fm_norm and sigma0): a CSR change
+  applies to events issued 3 or more clocks later. Change them while no QP depends on the old
+  values (the driver writes them before setting QPs up).
 - ECP5 at 125 MHz (``python -m stellar.sim.timing rp``) set this structure: nothing but a
-  flip-flop behind a block-RAM output (its clock-to-out is ~5.6 ns), at most one carry chain and
-  a choice, or one multiplier, per stage.
+  flip-flop behind a block-RAM output (its clock-to-out is ~5.6 ns) and nothing but a register
+  before its inputs, at most one carry chain and a choice, or one multiplier (18 x 18), per
+  stage.
 
 Input FIFOs and the spacing that keeps them from overflowing (an event that finds its FIFO full is
 lost and pulses ``lost``): ``sent`` holds 8 and never overflows when sent events come at most once
@@ -235,8 +239,7 @@ class ReactionPoint(wiring.Component):
         p = Signal(rp_params_layout())
         m.d.sync += p.eq(self.params)
         mdf1311 = Signal(18)                  # min_dec_fac * 1311 (percent -> 1/2**17)
-        k_lo = Signal(RATE_BITS + 16)
-        k_hi = Signal(RATE_BITS + 16)
+        k_parts = [Signal(18 + 16, name=f"k_part{i}") for i in range(4)]
         k = Signal(RATE_BITS + 32)            # max_rate * fm_norm
         one_minus_a = Signal(17)              # 65536 - fm_a
         mr1 = Signal(RATE_BITS + 1)           # max_rate + 1
@@ -245,9 +248,12 @@ class ReactionPoint(wiring.Component):
         fm_c_idx = Signal(signed(17))         # fm_c + 2048: (x >> 4) + 128 == (x - fm_c + this) >> 4
         m.d.sync += [
             mdf1311.eq(p.min_dec_fac * 1311),
-            k_lo.eq(p.max_rate * p.fm_norm[:16]),
-            k_hi.eq(p.max_rate * p.fm_norm[16:]),
-            k.eq(k_lo + (k_hi << 16)),
+            # max_rate * fm_norm as four registered 18 x 16 products (one multiplier each)
+            k_parts[0].eq(p.max_rate[:18] * p.fm_norm[:16]),
+            k_parts[1].eq(p.max_rate[:18] * p.fm_norm[16:]),
+            k_parts[2].eq(p.max_rate[18:] * p.fm_norm[:16]),
+            k_parts[3].eq(p.max_rate[18:] * p.fm_norm[16:]),
+            k.eq(k_parts[0] + (k_parts[1] << 16) + (k_parts[2] << 18) + (k_parts[3] << 34)),
             one_minus_a.eq(65536 - p.fm_a),
             mr1.eq(p.max_rate + 1),
             mr2.eq(p.max_rate << 1),
@@ -281,13 +287,20 @@ class ReactionPoint(wiring.Component):
         m.d.sync += [rd_word.eq(rd.data), sc_word.eq(sc_rd.data), dbg_word.eq(dbg_rd.data)]
         m.d.comb += [dbg_rd.addr.eq(self.dbg_addr), self.dbg_data.eq(dbg_word)]
 
-        # The last write, registered: the event after it may have read its QP before it landed.
+        # The last result, registered (``lw``): the RAM write port takes it from these registers,
+        # a clock later (no logic between the stages and the block RAM's inputs), and an event
+        # that read its QP before that write landed takes it from here (S1, S2).
+        res_en = Signal()                    # a result is computed this clock (S4, S5 or F12)
+        res_qp = Signal(ib)
+        res_data = Signal(st_layout)
         lw_valid = Signal()
+        lw_we = Signal()
         lw_qp = Signal(ib)
         lw_data = Signal(st_layout)
-        m.d.sync += lw_valid.eq(lw_valid | wr.en)
-        with m.If(wr.en):
-            m.d.sync += [lw_qp.eq(wr.addr), lw_data.eq(wr.data)]
+        m.d.sync += [lw_valid.eq(lw_valid | res_en), lw_we.eq(res_en)]
+        with m.If(res_en):
+            m.d.sync += [lw_qp.eq(res_qp), lw_data.eq(res_data)]
+        m.d.comb += [wr.en.eq(lw_we), wr.addr.eq(lw_qp), wr.data.eq(lw_data)]
 
         # ------------------------------------------------------------ input FIFOs
         m.submodules.f_init = f_init = fifo.SyncFIFO(width=ib + 2, depth=self.FIFO_INIT)
@@ -345,9 +358,9 @@ class ReactionPoint(wiring.Component):
 
         # ------------------------------------------------------------ issue
         cool = Signal(range(self.PERIOD_FM))  # clocks until the next issue is allowed
-        fm_long = Signal()                    # S2: this event is a FlowMatrix update
-        cnp_long = Signal()                   # S2: this event is a CNP of a DCQCN QP
-        can = cool == 0
+        long3 = Signal()                      # S3: this event holds the machine longer
+        long3_fm = Signal()                   # ... 11 clocks in all (else 4)
+        can = (cool == 0) & ~long3
         pick_init = Signal()
         pick_cnp = Signal()
         pick_sent = Signal()
@@ -375,10 +388,8 @@ class ReactionPoint(wiring.Component):
 
         with m.If(issue):
             m.d.sync += cool.eq(self.PERIOD - 1)
-        with m.Elif(fm_long):
-            m.d.sync += cool.eq(self.PERIOD_FM - 3)
-        with m.Elif(cnp_long):
-            m.d.sync += cool.eq(self.PERIOD_CNP - 3)
+        with m.Elif(long3):
+            m.d.sync += cool.eq(Mux(long3_fm, self.PERIOD_FM - 4, self.PERIOD_CNP - 4))
         with m.Elif(cool != 0):
             m.d.sync += cool.eq(cool - 1)
 
@@ -394,10 +405,11 @@ class ReactionPoint(wiring.Component):
         with m.If(s1_valid):
             m.d.sync += s2_ev.eq(s1_ev)
         # Which word S2 uses, decided here so that S2 starts from flip-flops only: the last
-        # write as it will stand at S2 (a write at this edge, else the one before) if it is to
-        # this event's QP, else the RAM word.
+        # result as it will stand at S2 (one computed at this edge, else the one before) if it
+        # is this event's QP's, else the RAM word. (The last result of a QP is its newest state,
+        # whether its RAM write has landed or not.)
         fwd = Signal()
-        m.d.sync += fwd.eq(Mux(wr.en, wr.addr == s1_ev.qp, lw_valid & (lw_qp == s1_ev.qp)))
+        m.d.sync += fwd.eq(Mux(res_en, res_qp == s1_ev.qp, lw_valid & (lw_qp == s1_ev.qp)))
         # What S2 needs from the event alone: the due windows at the event's now, and the byte
         # counter's crossing offset (bytes - byte_reset).
         win = {name: self._window(m, s1_ev.now, getattr(p, name), name)
@@ -428,10 +440,10 @@ class ReactionPoint(wiring.Component):
         fm_per = Signal()                    # ... periodic (TIMER, period due)
         due_a = Signal()
         due_r = Signal()
-        fire = Signal()                      # DCQCN increase()
-        bc_new = Signal(24)
-        it_new = Signal(8)
-        ib_new = Signal(8)
+        cross2 = Signal()                    # byte_cnt + bytes >= byte_reset
+        bc2 = Signal(25)                     # byte_cnt + bytes, less byte_reset if crossed
+        it2 = Signal(8)                      # it, ib as increase() would see them
+        ib2 = Signal(8)
         # The step of increase(), hai_rate * factor (hyper), ai_rate (additive) or 0 (fast), as
         # the operands of one 18 x 9 product and of a 2 x 9 one for the rate's top bits:
         # inc = m_a * m_f + ((m_h * m_f) << 18).
@@ -478,7 +490,6 @@ class ReactionPoint(wiring.Component):
         s_sent_d = k_sent & dcq & st.active
         s_tmr_d = k_tmr & dcq & st.active
         s_fm_upd = fmq & (k_cnp | (k_tmr & s_due_f))
-        m.d.comb += [fm_long.eq(s2_valid & s_fm_upd), cnp_long.eq(s2_valid & k_cnp & dcq)]
 
         with m.If(s2_valid):
             m.d.sync += [
@@ -494,10 +505,10 @@ class ReactionPoint(wiring.Component):
                 fm_per.eq(fmq & k_tmr & s_due_f),
                 due_a.eq(s_due_a),
                 due_r.eq(s_due_r),
-                fire.eq((s_sent_d & cross) | (s_tmr_d & s_due_r)),
-                bc_new.eq(Mux(bc[24], (1 << 24) - 1, bc[:24])),
-                it_new.eq(Mux(s_tmr_d & s_due_r, it_s, st.it)),
-                ib_new.eq(Mux(s_sent_d & cross, ib_s, st.ib)),
+                cross2.eq(cross),
+                bc2.eq(bc),
+                it2.eq(it_s),
+                ib2.eq(ib_s),
                 m_a.eq(Mux(cls_hyper, p.hai_rate[:18], Mux(cls_fast, 0, p.ai_rate[:18]))),
                 m_h.eq(Mux(cls_hyper, p.hai_rate[18:], Mux(cls_fast, 0, p.ai_rate[18:]))),
                 m_f.eq(Mux(cls_hyper, factor, 1)),
@@ -515,6 +526,18 @@ class ReactionPoint(wiring.Component):
         ph4 = Signal()
         ph5 = Signal()
         m.d.sync += [ph3.eq(s2_valid), ph4.eq(ph3), ph5.eq(ph4)]
+        m.d.comb += [long3.eq(ph3 & (fm_upd | cnp_d)), long3_fm.eq(fm_upd)]
+        fire = Signal()                      # DCQCN increase()
+        bc_new = Signal(24)
+        it_new = Signal(8)
+        ib_new = Signal(8)
+        with m.If(ph3):
+            m.d.sync += [
+                fire.eq((sent_d & cross2) | (tmr_d & due_r)),
+                bc_new.eq(Mux(bc2[24], (1 << 24) - 1, bc2[:24])),
+                it_new.eq(Mux(tmr_d & due_r, it2, old.it)),
+                ib_new.eq(Mux(sent_d & cross2, ib2, old.ib)),
+            ]
         inc_lo = Signal(27)                  # m_a * m_f
         hb = Signal(RATE_BITS - 18 + 9)      # m_h * m_f (weight 2**18)
         rt3 = Signal(RATE_BITS + 12)         # rt + (hb << 18), and the other sums of increase()
@@ -662,9 +685,9 @@ class ReactionPoint(wiring.Component):
         # ------------------------------------------------------------ write, rate, trace
         done3 = (ph4 & ~fm_upd & ~cnp_d) | (ph5 & cnp_d)
         m.d.comb += [
-            wr.addr.eq(ev.qp),
-            wr.en.eq(done3 | f12),
-            wr.data.eq(Mux(f12, nf, nx)),
+            res_qp.eq(ev.qp),
+            res_en.eq(done3 | f12),
+            res_data.eq(Mux(f12, nf, nx)),
             self.trace.valid.eq(done3 | f12),
             self.trace.payload.eq(ev),
             self.rate.valid.eq((done3 & (is_init | cnp_d | fire)) | f12),
