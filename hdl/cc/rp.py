@@ -75,16 +75,17 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
   the sums), the CNP products, alpha shifted, the byte counter's and stages' choices; I+4
   (S4): new rates (one addition and a choice each), new alpha; the new state is registered,
   ``rate`` and ``trace`` pulse; the RAM write follows from that register at I+5. A CNP of a
-  DCQCN QP computes max(rc - dec, 0) and max(floor, min_rate) in S4 and its state in S5 (I+5).
+  DCQCN QP sums its products in S4, computes max(rc - dec, 0) and max(floor, min_rate) in S5
+  and its state in S6 (I+6).
 - So events issue every 3 clocks (I+3 is the next issue: its S2 at I+5 takes the new state
-  from the result register), every 4 after a CNP of a DCQCN QP (the next S2 at I+6 sees the
-  result of I+5); whether an event is one of the longer kinds is known in S3, which holds the
+  from the result register), every 5 after a CNP of a DCQCN QP (the next S2 at I+7 sees the
+  result of I+6); whether an event is one of the longer kinds is known in S3, which holds the
   issue of I+3 back. A
   FlowMatrix update (CNP of a mode-2 QP, or its TIMER with the period due)
   continues through F5..F12 (fm_b * Q; table index; table word registered; (1 - a) * s; W and
   65536 - W; K * (65536 - W) with K = max_rate * fm_norm, as three registered 18 x 17 products;
   their sum; clamp and write at I+12): it occupies the machine for 11 clocks instead of 3.
-  ``rate`` comes 4 clocks after the issue (5 for a CNP of a DCQCN QP, 12 for a FlowMatrix
+  ``rate`` comes 4 clocks after the issue (6 for a CNP of a DCQCN QP, 12 for a FlowMatrix
   update).
 - Every multiplier output is registered; the widest, K * (65536 - W), is 52 x 17 bits, split
   in three products summed in the next stage.
@@ -100,8 +101,8 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
 Input FIFOs and the spacing that keeps them from overflowing (an event that finds its FIFO full is
 lost and pulses ``lost``): ``sent`` holds 8 and never overflows when sent events come at most once
 per 4 clocks and the init and cnp events of any window of T clocks need at most T/4 + 11 clocks of
-the machine (3 for an INIT, 4 for a CNP of a DCQCN QP, 11 for a CNP of a FlowMatrix QP) -- e.g.
-DCQCN CNPs at one per 16 clocks with bursts of two, or FlowMatrix CNPs at one per 44. (Timer
+the machine (3 for an INIT, 5 for a CNP of a DCQCN QP, 11 for a CNP of a FlowMatrix QP) -- e.g.
+DCQCN CNPs at one per 20 clocks with bursts of two, or FlowMatrix CNPs at one per 44. (Timer
 events are issued only when all three FIFOs are empty, so at most one, of at most 11 clocks,
 delays a backlog.) ``cnp`` holds 8: DCQCN CNPs at most one per 9 clocks on average (bursts of 7),
 FlowMatrix CNPs at most one per 11; ``init`` holds 4 (host writes, tens of clocks apart).
@@ -203,7 +204,7 @@ class ReactionPoint(wiring.Component):
     FIFO_CNP = 8
     FIFO_SENT = 8
     PERIOD = 3          # clocks per event
-    PERIOD_CNP = 4      # clocks per CNP of a DCQCN QP
+    PERIOD_CNP = 5      # clocks per CNP of a DCQCN QP
     PERIOD_FM = 11      # clocks per FlowMatrix update
 
     def __init__(self, qps=256):
@@ -359,7 +360,7 @@ class ReactionPoint(wiring.Component):
         # ------------------------------------------------------------ issue
         cool = Signal(range(self.PERIOD_FM))  # clocks until the next issue is allowed
         long3 = Signal()                      # S3: this event holds the machine longer
-        long3_fm = Signal()                   # ... 11 clocks in all (else 4)
+        long3_fm = Signal()                   # ... 11 clocks in all (else 5)
         can = (cool == 0) & ~long3
         pick_init = Signal()
         pick_cnp = Signal()
@@ -524,8 +525,9 @@ class ReactionPoint(wiring.Component):
         # ------------------------------------------------------------ S3
         ph3 = Signal()
         ph4 = Signal()
-        ph5 = Signal()
-        m.d.sync += [ph3.eq(s2_valid), ph4.eq(ph3), ph5.eq(ph4)]
+        ph5 = Signal()                       # S5, S6 of a DCQCN CNP only (ph4 delayed would
+        ph6 = Signal()                       # put the previous event's S6 in this one's S3)
+        m.d.sync += [ph3.eq(s2_valid), ph4.eq(ph3), ph5.eq(ph4 & cnp_d), ph6.eq(ph5)]
         m.d.comb += [long3.eq(ph3 & (fm_upd | cnp_d)), long3_fm.eq(fm_upd)]
         fire = Signal()                      # DCQCN increase()
         bc_new = Signal(24)
@@ -545,8 +547,12 @@ class ReactionPoint(wiring.Component):
         zc3 = Signal(signed(RATE_BITS + 13))  # x1 - 2 max_rate + (hb << 18)
         dmr3 = Signal(signed(RATE_BITS + 13))  # max_rate - rt - (hb << 18)
         y_not_max = Signal()                 # y1 >> 1 != max_rate
-        prod_dec = Signal(RATE_BITS + 10)    # CNP: rc * (alpha >> 10)
-        prod_floor = Signal(RATE_BITS + 18)  # CNP: rc * min_dec_fac * 1311
+        # CNP: rc * (alpha >> 10) and rc * min_dec_fac * 1311, each as the products of rc's low
+        # 18 bits and of its top 2 bits (summed in S4)
+        pd_lo = Signal(18 + 10)
+        pd_hi = Signal(RATE_BITS - 18 + 10)
+        pf_lo = Signal(18 + 18)
+        pf_hi = Signal(RATE_BITS - 18 + 18)
         nsh = Signal(P.ALPHA_BITS + 1)       # (2**20 - alpha) >> g_shift
         ash = Signal(P.ALPHA_BITS)           # alpha >> g_shift
         qa = Signal(24)
@@ -564,8 +570,10 @@ class ReactionPoint(wiring.Component):
                 zc3.eq(x1 - mr2 + hb18),
                 dmr3.eq(dmr - hb18),
                 y_not_max.eq(y1[1:] != p.max_rate),
-                prod_dec.eq(old.rc * old.alpha[10:]),
-                prod_floor.eq(old.rc * mdf1311),
+                pd_lo.eq(old.rc[:18] * old.alpha[10:]),
+                pd_hi.eq(old.rc[18:] * old.alpha[10:]),
+                pf_lo.eq(old.rc[:18] * mdf1311),
+                pf_hi.eq(old.rc[18:] * mdf1311),
                 nsh.eq(nalpha >> p.g_shift),
                 ash.eq(old.alpha >> p.g_shift),
                 qa.eq(p.fm_cnp_gain * cnps_new),
@@ -574,7 +582,7 @@ class ReactionPoint(wiring.Component):
             ]
 
         # ------------------------------------------------------------ S4: DCQCN result, write
-        # (a DCQCN CNP writes in S5: its decrease takes a stage more)
+        # (a DCQCN CNP's decrease takes S4..S6: products summed, decrease, choice)
         rt_sum = Signal(RATE_BITS + 12)
         capped = Signal()                    # rt + inc > max_rate
         avg2 = Signal(RATE_BITS + 1)         # min(rt + inc, max_rate) + rc + 1
@@ -597,19 +605,26 @@ class ReactionPoint(wiring.Component):
                                         alpha_up[:P.ALPHA_BITS]),
                              Mux(tmr_d & due_a, (old.alpha - ash)[:P.ALPHA_BITS], old.alpha))),
         ]
-        sub = Signal(RATE_BITS)              # max(rc - dec, 0) of a CNP
-        m1 = Signal(RATE_BITS + 1)           # max(floor, min_rate) of a CNP
+        prod_dec = Signal(RATE_BITS + 10)    # rc * (alpha >> 10)
+        prod_floor = Signal(RATE_BITS + 18)  # rc * min_dec_fac * 1311
+        alpha5 = Signal(P.ALPHA_BITS)
+        with m.If(ph4):
+            m.d.sync += [
+                prod_dec.eq(pd_lo + (pd_hi << 18)),
+                prod_floor.eq(pf_lo + (pf_hi << 18)),
+                alpha5.eq(alpha_new),
+            ]
+        # S5, S6 (DCQCN CNP only)
+        sub = Signal(RATE_BITS)              # max(rc - dec, 0)
+        m1 = Signal(RATE_BITS + 1)           # max(floor, min_rate)
         dec = Signal(RATE_BITS + 10)
         flo = Signal(RATE_BITS + 1)
-        alpha5 = Signal(P.ALPHA_BITS)
         m.d.comb += [dec.eq(prod_dec >> p.gd), flo.eq(prod_floor >> 17)]
-        with m.If(ph4):
+        with m.If(ph5):
             m.d.sync += [
                 sub.eq(Mux(old.rc >= dec, old.rc - dec, 0)),
                 m1.eq(Mux(flo > p.min_rate, flo, p.min_rate)),
-                alpha5.eq(alpha_new),
             ]
-        # S5 (DCQCN CNP only)
         rc_cnp = Signal(RATE_BITS)
         m.d.comb += rc_cnp.eq(Mux(sub > m1, sub, Mux(m1[RATE_BITS], _RATE_MAX, m1[:RATE_BITS])))
         nx = Signal(st_layout)               # the new state of a 3-clock event
@@ -683,7 +698,7 @@ class ReactionPoint(wiring.Component):
         ]
 
         # ------------------------------------------------------------ write, rate, trace
-        done3 = (ph4 & ~fm_upd & ~cnp_d) | (ph5 & cnp_d)
+        done3 = (ph4 & ~fm_upd & ~cnp_d) | (ph6 & cnp_d)
         m.d.comb += [
             res_qp.eq(ev.qp),
             res_en.eq(done3 | f12),
