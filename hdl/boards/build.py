@@ -31,16 +31,18 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from .top import BOARDS, BoardTop
+from .top import BOARDS, ETH_HZ, BoardTop
 
 __all__ = ["main", "parse_report", "summarize", "DOMAIN_NETS"]
 
-# Clock nets of the board top, as nextpnr names them, -> clock domain.
+# Clock nets of the board top, as nextpnr names them, -> clock domain. Synthesis keeps one of
+# the names a clock net has (``clk_core`` may come out as ``bank.clk``): a net matching none of
+# these is the core clock (the board clock pin only feeds the PLL and has no paths).
 DOMAIN_NETS = (
-    ("clk_core", "sync"),
-    ("clk_eth_tx90", "eth_tx90"),
-    ("clk_eth_tx", "eth_tx"),
+    ("eth_tx90", "eth_tx90"),
+    ("eth_tx", "eth_tx"),
     ("rx_clk", "eth_rx"),
+    ("eth_rx", "eth_rx"),
 )
 
 # nextpnr-ecp5 cell types -> report columns.
@@ -60,11 +62,17 @@ def _tool_env():
     return env
 
 
+def _port_names(port):
+    # An amaranth.lib.io port of a platform resource: its IOPort's name is what the LPF uses
+    # ("eth_rgmii_0__rx_clk__io").
+    return [port.io.name]
+
+
 def _domain(net):
     for key, domain in DOMAIN_NETS:
         if key in net:
             return domain
-    return net
+    return "sync"
 
 
 def parse_report(report):
@@ -128,13 +136,22 @@ def build(board, config, build_dir, *, seed=1, bitstream=True, program=False):
     print(f"== {board.name}: elaborating ({config.describe()})", flush=True)
     started = time.monotonic()
     nextpnr_opts = f"--report report.json --timing-allow-fail --seed {seed}"
-    plan = platform.build(top, name=name, build_dir=str(build_dir), do_build=False,
-                          nextpnr_opts=nextpnr_opts)
+    # Elaborate first: the top's RX_CLK pin is known only then, and its constraint must be in
+    # the LPF (amaranth-boards gives the pin no Clock()).
+    from amaranth.hdl import Fragment
+    fragment = Fragment.get(top, platform)
+    prefs = ""
+    if top.rx_clk_port is not None:
+        for port_name in _port_names(top.rx_clk_port):
+            prefs += f'FREQUENCY PORT "{port_name}" {ETH_HZ} HZ;\n'
+    plan = platform.build(fragment, name=name, build_dir=str(build_dir), do_build=False,
+                          nextpnr_opts=nextpnr_opts, add_preferences=prefs)
     plan.extract(str(build_dir))
     script = build_dir / f"build_{name}.sh"
     text = script.read_text()
     if not bitstream:
-        text = re.sub(r"(?ms)^\s*\S*ecppack.*", "", text)
+        text = "\n".join(line for line in text.splitlines()
+                         if not line.lstrip().startswith('"$ECPPACK"')) + "\n"
     script.write_text(text)
     pll = top.pll
     print(f"== {board.name}: PLL {platform.default_clk_frequency / 1e6:g} MHz -> eth 125 MHz, core "

@@ -219,6 +219,7 @@ class BoardTop(wiring.Component):
         self._uart_divisor = uart_divisor
         self._sim_core_hz = sim_core_hz
         self.pll = None
+        self.rx_clk_port = None
         members = {}
         if board is None:
             members = {
@@ -287,7 +288,9 @@ class BoardTop(wiring.Component):
                 # PHY out of reset (the pin is active low; the resource inverts it).
                 m.submodules.phy_rst = phy_rst = io.Buffer("o", res.rst)
                 m.d.comb += phy_rst.o.eq(0)
-                platform.add_clock_constraint(phy.rx_clk, ETH_HZ)
+                # RX_CLK's constraint goes on its pin (stellar.hdl.boards.build writes it into
+                # the LPF): the net behind the input buffer is renamed by synthesis.
+                self.rx_clk_port = res.rx_clk
             m.submodules.phy = phy
             m.submodules.mac = mac = MacCore(W, rx_fifo_bytes=cfg.rx_fifo_bytes)
             m.submodules.eth_rx_rst = ResetSynchronizer(ResetSignal("eth_tx"), domain="eth_rx")
@@ -320,6 +323,8 @@ class BoardTop(wiring.Component):
         # Everything stays in reset until the PLL locks; each domain leaves it on its own clock.
         m.submodules.sync_rst = ResetSynchronizer(~locked, domain="sync")
         m.submodules.eth_tx_rst = ResetSynchronizer(~locked, domain="eth_tx")
+        # nextpnr derives the PLL outputs' constraints from the board clock's and the dividers;
+        # these name the nets for the log (synthesis may rename some, nextpnr then warns).
         platform.add_clock_constraint(clkos2, pll.core_hz)
         platform.add_clock_constraint(clkop, ETH_HZ)
         platform.add_clock_constraint(clkos, ETH_HZ)
