@@ -278,6 +278,8 @@ def test_split_routes_and_queues():
             assert sum(w << 32 * i for i, w in enumerate(words)) == c
             await _lite_write(ctx, bus, off["wq.cq_pop"], 1)
         assert (await _lite_read(ctx, bus, off["wq.cq_level"]))[0] == 0
+        for i in range(6):      # an empty queue shows zeros, not the last entry
+            assert (await _lite_read(ctx, bus, REGMAP[f"wq.cq_data{i}"].offset))[0] == 0
         assert (await _lite_read(ctx, bus, off["wq.cq_popped"]))[0] == 3
         assert (await _lite_read(ctx, bus, off["wq.pop_empty"]))[0] == 1
 
