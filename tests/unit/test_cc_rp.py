@@ -461,6 +461,19 @@ def test_dcqcn_large_steps():
     assert sum(1 for r1, r2 in pairwise(r[6:]) if r2 - r1 >= 1 << 17) >= 3, r
 
 
+def test_dcqcn_increase_at_the_cap():
+    """Additive increases that take rt to max_rate - 1, max_rate, max_rate + 1 and + 2: the cap
+    min(rt + inc, max_rate) at its edge (rates and the final state checked against the model)."""
+    for off in (-1, 0, 1, 2):
+        # two CNPs: rt = the rate after the first, 8008 with the defaults; F = 1: the first
+        # timer's increase is additive
+        p = dict(DEFAULTS, threshold=1, time_reset=10, alpha_period=1000, ai_rate=16000 - 8008 + off)
+        b = _direct(p, [(0, 0, ("init", 0, DCQCN)), (5, 0, ("cnp", 0)), (10, 0, ("cnp", 0)),
+                        (5, 0, None), (40, 10, None)])
+        assert _rates(b, 0)[1] == 8008 and len(_rates(b, 0)) == 4
+        assert b.final_state[0]["rt"] == min(16000, 8008 + p["ai_rate"])
+
+
 def test_dcqcn_recovers_and_goes_inactive():
     """After a CNP the timer alone brings the rate back to max_rate; then the QP is inactive:
     no more timer events nor rates for it, SENT ignored."""
