@@ -409,8 +409,16 @@ class ReactionPoint(wiring.Component):
         # result as it will stand at S2 (one computed at this edge, else the one before) if it
         # is this event's QP's, else the RAM word. (The last result of a QP is its newest state,
         # whether its RAM write has landed or not.)
-        fwd = Signal()
-        m.d.sync += fwd.eq(Mux(res_en, res_qp == s1_ev.qp, lw_valid & (lw_qp == s1_ev.qp)))
+        # Four copies of the choice, each driving a quarter of the multiplexers (one net to ~500
+        # loads is ~2 ns of routing). They differ off the valid events only, so Yosys keeps
+        # them apart: S2 uses them only when s1_valid was high.
+        fwd_raw = Mux(res_en, res_qp == s1_ev.qp, lw_valid & (lw_qp == s1_ev.qp))
+        fwd = Signal()                       # the copy of the whole word into ``old``
+        fwd_t = Signal()                     # timestamps (due tests)
+        fwd_s = Signal()                     # mode, active, stages, byte counter
+        fwd_r = Signal()                     # rates, alpha, FlowMatrix fields
+        m.d.sync += [fwd.eq(fwd_raw), fwd_t.eq(fwd_raw & s1_valid),
+                     fwd_s.eq(fwd_raw | ~s1_valid), fwd_r.eq(fwd_raw & (s1_valid | lw_valid))]
         # What S2 needs from the event alone: the due windows at the event's now, and the byte
         # counter's crossing offset (bytes - byte_reset).
         win = {name: self._window(m, s1_ev.now, getattr(p, name), name)
@@ -419,8 +427,15 @@ class ReactionPoint(wiring.Component):
         m.d.sync += nb.eq(s1_ev.bytes - p.byte_reset)
 
         # ------------------------------------------------------------ S2: decode
-        st = Signal(st_layout)
-        m.d.comb += st.eq(Mux(fwd, lw_data, s2_mem))
+        st = Signal(st_layout)               # the word as S2's logic sees it
+        for name, sel in (("t_alpha", fwd_t), ("t_rate", fwd_t), ("t_fm", fwd_t),
+                          ("mode", fwd_s), ("active", fwd_s), ("it", fwd_s), ("ib", fwd_s),
+                          ("byte_cnt", fwd_s)):
+            m.d.comb += st[name].eq(Mux(sel, lw_data[name], s2_mem[name]))
+        for name, _w in P.RP_STATE_FIELDS:
+            if name not in ("t_alpha", "t_rate", "t_fm", "mode", "active", "it", "ib",
+                            "byte_cnt"):
+                m.d.comb += st[name].eq(Mux(fwd_r, lw_data[name], s2_mem[name]))
         e = s2_ev
         k_init = e.kind == RpEvent.INIT
         k_cnp = e.kind == RpEvent.CNP
@@ -496,7 +511,7 @@ class ReactionPoint(wiring.Component):
             m.d.sync += [
                 ev.eq(e),
                 ev.mode.eq(Mux(k_init, e.mode, st.mode)),
-                old.eq(st),
+                old.eq(Mux(fwd, lw_data, s2_mem)),
                 is_init.eq(k_init),
                 cnp_d.eq(k_cnp & dcq),
                 sent_d.eq(s_sent_d),
