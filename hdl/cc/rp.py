@@ -425,6 +425,19 @@ class ReactionPoint(wiring.Component):
                for name in ("alpha_period", "time_reset", "fm_period")}
         nb = Signal(signed(26))
         m.d.sync += nb.eq(s1_ev.bytes - p.byte_reset)
+        # The stage thresholds as this event's kind moves them (a TIMER's increase follows
+        # it += 1, a SENT's ib += 1): it_s >= F iff it >= F - [TIMER] (255 saturates, and
+        # passes both), and it_s + 1 - F = it + (1 - F + [TIMER]) unless it_s saturates.
+        s1_tmr = s1_ev.kind == RpEvent.TIMER
+        s1_sent = s1_ev.kind == RpEvent.SENT
+        thr_it = Signal(signed(6))
+        thr_ib = Signal(signed(6))
+        c_it = Signal(signed(6))
+        c_ib = Signal(signed(6))
+        sat_f = Signal(9)                    # 256 - F: the factor of a saturated stage
+        m.d.sync += [thr_it.eq(p.threshold - s1_tmr), thr_ib.eq(p.threshold - s1_sent),
+                     c_it.eq(1 - p.threshold + s1_tmr), c_ib.eq(1 - p.threshold + s1_sent),
+                     sat_f.eq(256 - p.threshold)]
 
         # ------------------------------------------------------------ S2: decode
         st = Signal(st_layout)               # the word as S2's logic sees it
@@ -496,9 +509,13 @@ class ReactionPoint(wiring.Component):
             ib_s.eq(Mux(k_sent, _inc_sat8(st.ib), st.ib)),
         ]
         # hi < F iff both are; lo >= F iff both are; factor = lo - F + 1 when hyper (1..256)
-        cls_fast = (it_s < p.threshold) & (ib_s < p.threshold)
-        cls_hyper = (it_s >= p.threshold) & (ib_s >= p.threshold)
-        factor = Mux(it_s > ib_s, ib_s + 1 - p.threshold, it_s + 1 - p.threshold)[:9]
+        up_it = st.it >= thr_it
+        up_ib = st.ib >= thr_ib
+        cls_fast = ~up_it & ~up_ib
+        cls_hyper = up_it & up_ib
+        a_it = Mux(k_tmr & (st.it == 255), sat_f, st.it + c_it)
+        a_ib = Mux(k_sent & (st.ib == 255), sat_f, st.ib + c_ib)
+        factor = Mux(a_it < a_ib, a_it, a_ib)[:9]
         s_due_a = _in_window(st.t_alpha, win["alpha_period"])
         s_due_r = _in_window(st.t_rate, win["time_reset"])
         s_due_f = _in_window(st.t_fm, win["fm_period"])
