@@ -176,6 +176,10 @@ def build(board, config, build_dir, *, seed=1, bitstream=True, program=False):
                 break
         print(f"!! {board.name}: the toolchain failed (exit {result.returncode}) after "
               f"{seconds / 60:.1f} min; last log lines:\n{tail}", file=sys.stderr)
+        if "no BELs remaining" in tail:
+            print(f"!! {board.name}: the design does not fit the {board.device} (see the utilisation "
+                  f"above); a smaller --qps does not shrink the core's logic, --no-core builds the "
+                  f"shell", file=sys.stderr)
         return 2, None
     parsed = parse_report(json.loads(report_path.read_text()))
     summary = {"board": board.name, "device": board.device, "config": asdict(config),
@@ -210,6 +214,8 @@ def main(argv=None):
     ap.add_argument("--board", required=True, choices=sorted(BOARDS))
     ap.add_argument("--qps", type=int, help="QP indexes (default: the board's)")
     ap.add_argument("--core-mhz", type=float, help="core clock (default: the board's, 125)")
+    ap.add_argument("--core", action=argparse.BooleanOptionalAction, default=None,
+                    help="with (--core) or without (--no-core: the shell) NicCore; default: the board's")
     ap.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     ap.add_argument("--build-dir", default="build", help="parent of <board>/")
     ap.add_argument("--no-bitstream", action="store_true", help="stop after place-and-route")
@@ -221,6 +227,8 @@ def main(argv=None):
         config = replace(config, qps=args.qps)
     if args.core_mhz:
         config = replace(config, core_mhz=args.core_mhz)
+    if args.core is not None:
+        config = replace(config, core=args.core)
     status, _ = build(board, config, Path(args.build_dir) / board.name, seed=args.seed,
                       bitstream=not args.no_bitstream, program=args.program)
     sys.exit(status)

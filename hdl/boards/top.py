@@ -23,7 +23,8 @@ A host registers device memory with bus addresses ``0 .. devmem_bytes-1`` (memor
 ``bus_base`` in that range); an access outside it is answered SLVERR by ``Axi4Ram``.
 
 Board catalogue (``BOARDS``): ``ecpix5`` (LFE5UM5G-85F), ``versa_ecp5_5g`` (LFE5UM5G-45F),
-``colorlight_5a75b`` (r7.0, LFE5U-25F, reduced configuration), ``ulx3s_85f`` (LFE5U-85F, no
+``colorlight_5a75b`` (r7.0, LFE5U-25F: too small for the core, its default is the shell
+below), ``ulx3s_85f`` (LFE5U-85F, no
 Ethernet: the core's transmit stream is looped to its receive stream, a resource and timing
 target). Each entry names its amaranth-boards platform, whether its PHY needs the FPGA to
 delay TX_CLK (``txc_delay``: the 90-degree PLL output drives TX_CLK) and its ``BoardConfig``.
@@ -78,7 +79,9 @@ class BoardConfig:
     ``data_width``: core datapath bits; ``core_mhz``: core clock (the PLL picks the nearest it
     can make; ``pll_config``); ``devmem_bytes``: block-RAM device memory; ``baud``: UART rate;
     ``wr_depth`` / ``rr_depth`` / ``cq_depth``: the register queues; ``rx_fifo_bytes``: the MAC's
-    receive packet FIFO."""
+    receive packet FIFO; ``core``: False builds the shell without ``NicCore`` (the bridge reaches
+    ident and the mac block, the MAC echoes what it receives), the board bring-up image for a
+    part that cannot hold the core."""
     qps: int = 256
     data_width: int = 64
     core_mhz: float = 125.0
@@ -92,8 +95,12 @@ class BoardConfig:
     rr_depth: int = 4
     cq_depth: int = 16
     rx_fifo_bytes: int = 4096
+    core: bool = True
 
     def describe(self):
+        if not self.core:
+            return (f"shell without the NIC core (MAC echo + UART bridge + mac registers), "
+                    f"{self.data_width}-bit, core {self.core_mhz:g} MHz")
         return (f"{self.qps} QPs, {self.data_width}-bit, core {self.core_mhz:g} MHz, "
                 f"{self.devmem_bytes // 1024} KiB device memory, SQ/RQ depth {self.sq_depth}/"
                 f"{self.rq_depth}, {self.mr_entries} MRs")
@@ -120,10 +127,11 @@ BOARDS = {b.name: b for b in (
     # Versa ECP5-5G: 88E1512 PHY, strapped without internal delays.
     Board("versa_ecp5_5g", "versa_ecp5_5g:VersaECP55GPlatform", "LFE5UM5G-45F", txc_delay=True,
           config=BoardConfig(qps=128, devmem_bytes=32 * 1024)),
-    # Colorlight 5A-75B r7.0: B50612D PHY with its TX delay on; the 25F holds a reduced core.
+    # Colorlight 5A-75B r7.0: B50612D PHY with its TX delay on. The 25F cannot hold NicCore
+    # (16 QPs: ~63k LUT4 cells, 85 EBR, 43 DSP against 24k, 56, 28): its default is the shell.
     Board("colorlight_5a75b", "colorlight_5a75b_r7_0:Colorlight_5A75B_R70Platform", "LFE5U-25F",
           config=BoardConfig(qps=16, devmem_bytes=8 * 1024, sq_depth=8, rq_depth=8, mr_entries=16,
-                             mr_pages=16, rx_fifo_bytes=2048, cq_depth=8)),
+                             mr_pages=16, rx_fifo_bytes=2048, cq_depth=8, core=False)),
     # ULX3S-85F: no Ethernet; a resource and timing target for the full core.
     Board("ulx3s_85f", "ulx3s:ULX3S_85F_Platform", "LFE5U-85F", ethernet=False),
 )}
@@ -255,27 +263,35 @@ class BoardTop(wiring.Component):
 
         # --- blocks ----------------------------------------------------------------------------
         divisor = self._uart_divisor or int(self.core_hz // cfg.baud)
-        m.submodules.nic = nic = NicCore(W, qps=cfg.qps, sq_depth=cfg.sq_depth, rq_depth=cfg.rq_depth,
-                                         mr_entries=cfg.mr_entries, mr_pages=cfg.mr_pages)
         m.submodules.bridge = bridge = UartBridge(divisor)
-        windows = [(REGMAP.block(b).base, REGMAP.block(b).size) for b in BOARD_BLOCKS]
-        m.submodules.split = split = AxiLiteSplit(16, windows)
-        board_map = RegisterMap([REGMAP.block(b) for b in BOARD_BLOCKS], version=REGMAP.version)
-        m.submodules.bank = bank = AxiLiteCsrBank(board_map)
-        m.submodules.ram = ram = Axi4Ram(cfg.devmem_bytes, data_width=W, addr_width=64, id_width=4)
-        m.submodules.queues = queues = RegisterQueues(
-            wr_bits=WR_BITS, rr_bits=RR_BITS, cq_bits=CQ_BITS, wr_depth=cfg.wr_depth,
-            rr_depth=cfg.rr_depth, cq_depth=cfg.cq_depth)
-
         m.d.comb += [bridge.rx.eq(uart_rx), uart_tx.eq(bridge.tx)]
-        wiring.connect(m, bridge.m_axil, split.s_axil)
-        wiring.connect(m, split.m_axil0, nic.s_axil)
-        wiring.connect(m, split.m_axil1, bank.s_axil)
-        wiring.connect(m, queues.csr, bank.wq)
-        wiring.connect(m, queues.m_axis_wr, nic.s_axis_wr)
-        wiring.connect(m, queues.m_axis_rr, nic.s_axis_rr)
-        wiring.connect(m, nic.m_axis_cq, queues.s_axis_cq)
-        wiring.connect(m, nic.m_axi, ram.s_axi)
+        if cfg.core:
+            m.submodules.nic = nic = NicCore(W, qps=cfg.qps, sq_depth=cfg.sq_depth,
+                                             rq_depth=cfg.rq_depth, mr_entries=cfg.mr_entries,
+                                             mr_pages=cfg.mr_pages)
+            windows = [(REGMAP.block(b).base, REGMAP.block(b).size) for b in BOARD_BLOCKS]
+            m.submodules.split = split = AxiLiteSplit(16, windows)
+            board_map = RegisterMap([REGMAP.block(b) for b in BOARD_BLOCKS], version=REGMAP.version)
+            m.submodules.bank = bank = AxiLiteCsrBank(board_map)
+            m.submodules.ram = ram = Axi4Ram(cfg.devmem_bytes, data_width=W, addr_width=64,
+                                             id_width=4)
+            m.submodules.queues = queues = RegisterQueues(
+                wr_bits=WR_BITS, rr_bits=RR_BITS, cq_bits=CQ_BITS, wr_depth=cfg.wr_depth,
+                rr_depth=cfg.rr_depth, cq_depth=cfg.cq_depth)
+            wiring.connect(m, bridge.m_axil, split.s_axil)
+            wiring.connect(m, split.m_axil0, nic.s_axil)
+            wiring.connect(m, split.m_axil1, bank.s_axil)
+            wiring.connect(m, queues.csr, bank.wq)
+            wiring.connect(m, queues.m_axis_wr, nic.s_axis_wr)
+            wiring.connect(m, queues.m_axis_rr, nic.s_axis_rr)
+            wiring.connect(m, nic.m_axis_cq, queues.s_axis_cq)
+            wiring.connect(m, nic.m_axi, ram.s_axi)
+        else:
+            # The shell: the bridge reaches a bank of ident + mac only (the driver sees a device
+            # whose one feature is the MAC), and received frames are sent back (echo).
+            m.submodules.bank = bank = AxiLiteCsrBank(
+                RegisterMap([REGMAP.block("mac")], version=REGMAP.version))
+            wiring.connect(m, bridge.m_axil, bank.s_axil)
 
         if ethernet:
             m.domains.eth_rx = ClockDomain("eth_rx")
@@ -298,8 +314,11 @@ class BoardTop(wiring.Component):
             if self.board is None:
                 wiring.connect(m, wiring.flipped(self.rgmii), phy.pins)
             wiring.connect(m, mac.gmii, phy.gmii)
-            wiring.connect(m, mac.m_axis_rx, nic.s_axis_rx)
-            wiring.connect(m, nic.m_axis_tx, mac.s_axis_tx)
+            if cfg.core:
+                wiring.connect(m, mac.m_axis_rx, nic.s_axis_rx)
+                wiring.connect(m, nic.m_axis_tx, mac.s_axis_tx)
+            else:
+                wiring.connect(m, mac.m_axis_rx, mac.s_axis_tx)
             for name in COUNTERS:
                 m.d.comb += getattr(bank.mac, f"{name}_inc").eq(getattr(mac.counters, name))
         else:

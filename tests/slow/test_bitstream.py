@@ -1,5 +1,7 @@
 """One board bitstream end to end: ``stellar.hdl.boards.build`` on the Colorlight 5A-75B (the
-smallest part, LFE5U-25F, reduced configuration) through Yosys, nextpnr-ecp5 and ecppack.
+smallest part, LFE5U-25F, in its default configuration: the shell without the NIC core, which
+the 25F cannot hold) through Yosys, nextpnr-ecp5 and ecppack. A few minutes of CPU; the
+85F builds of the full core take an hour or more and are left to ``make bitstream``.
 
 Too long for ``make test`` (tens of minutes of CPU): it runs under ``make test-slow`` (which CI
 runs after ``make test``) and is skipped unless ``STELLAR_SLOW=1``. It checks what the build
@@ -23,7 +25,7 @@ pytestmark = [
 ]
 
 
-def test_colorlight_bitstream(tmp_path_factory):
+def test_colorlight_bitstream():
     board = BOARDS["colorlight_5a75b"]
     out = Path("build") / "test-slow" / board.name
     status, summary = build(board, board.config, out, seed=1)
@@ -31,8 +33,7 @@ def test_colorlight_bitstream(tmp_path_factory):
     bit = out / f"stellar_{board.name}.bit"
     assert bit.exists() and bit.stat().st_size > 100_000, "no bitstream"
     report = parse_report(json.loads((out / "report.json").read_text()))
-    assert summary["resources"] == {k: tuple(v) for k, v in report["resources"].items()} or \
-        summary["resources"] == report["resources"]
+    assert summary["resources"] == report["resources"]
     for col in ("LUT4", "FF", "EBR"):
         used, available = report["resources"][col]
         assert 0 < used <= available, (col, used, available)
