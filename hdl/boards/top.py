@@ -22,7 +22,8 @@ work-request, receive-request and completion queues through registers (``Registe
 A host registers device memory with bus addresses ``0 .. devmem_bytes-1`` (memory regions with
 ``bus_base`` in that range); an access outside it is answered SLVERR by ``Axi4Ram``.
 
-Board catalogue (``BOARDS``): ``ecpix5`` (LFE5UM5G-85F), ``versa_ecp5_5g`` (LFE5UM5G-45F),
+Board catalogue (``BOARDS``): ``ecpix5`` (LFE5UM5G-85F), ``versa_ecp5_5g`` (LFE5UM5G-45F: too
+small for the core, its default is the shell below),
 ``colorlight_5a75b`` (r7.0, LFE5U-25F: too small for the core, its default is the shell
 below), ``ulx3s_85f`` (LFE5U-85F, no
 Ethernet: the core's transmit stream is looped to its receive stream, a resource and timing
@@ -122,12 +123,14 @@ class Board:
 
 
 BOARDS = {b.name: b for b in (
-    # ECPIX-5: RTL8211E PHY, its TX delay not strapped on: the FPGA shifts TX_CLK.
+    # ECPIX-5: RTL8211E PHY, assumed without TX delay: the FPGA shifts TX_CLK (as LiteX's
+    # target does; check the strap on a real board).
     Board("ecpix5", "ecpix5:ECPIX585Platform", "LFE5UM5G-85F", txc_delay=True),
-    # Versa ECP5-5G: 88E1512 PHY, strapped without internal delays.
+    # Versa ECP5-5G: 88E1512 PHY, assumed strapped without internal delays. Its 45F (43,848
+    # LUT4) cannot hold NicCore either (~63k LUT4 cells at 16 QPs): the shell by default.
     Board("versa_ecp5_5g", "versa_ecp5_5g:VersaECP55GPlatform", "LFE5UM5G-45F", txc_delay=True,
-          config=BoardConfig(qps=128, devmem_bytes=32 * 1024)),
-    # Colorlight 5A-75B r7.0: B50612D PHY with its TX delay on. The 25F cannot hold NicCore
+          config=BoardConfig(qps=16, devmem_bytes=32 * 1024, core=False)),
+    # Colorlight 5A-75B r7.0: B50612D PHY, assumed with its TX delay on. The 25F cannot hold NicCore
     # (16 QPs: ~63k LUT4 cells, 85 EBR, 43 DSP against 24k, 56, 28): its default is the shell.
     Board("colorlight_5a75b", "colorlight_5a75b_r7_0:Colorlight_5A75B_R70Platform", "LFE5U-25F",
           config=BoardConfig(qps=16, devmem_bytes=8 * 1024, sq_depth=8, rq_depth=8, mr_entries=16,
