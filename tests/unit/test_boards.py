@@ -321,3 +321,20 @@ def test_parse_report_maps_domains_and_verdicts():
     assert p["resources"]["DSP"] == (2, 156) and p["resources"]["LUTRAM"] == (0, 0)
     assert p["clocks"]["sync"]["met"] and p["clocks"]["eth_tx"]["met"]
     assert not p["clocks"]["eth_rx"]["met"] and p["clocks"]["eth_rx"]["fmax_mhz"] == 110.0
+
+
+def test_pll_phases_match_ecppll():
+    """CPHASE/FPHASE against prjtrellis' ecppll for 100 MHz in, 125 MHz out, a 90-degree copy
+    and a 125 MHz third output (``ecppll -i 100 -o 125 --clkout1 125 --phase1 90 --clkout2
+    125``: CLKI_DIV 4, CLKFB_DIV 5, every DIV 5, CLKOP_CPHASE 2, CLKOS_CPHASE 3 / FPHASE 2,
+    CLKOS2_CPHASE 2)."""
+    from amaranth.hdl import Signal
+    from stellar.hdl.boards.top import PllConfig, _pll_instance
+    cfg = PllConfig(clki_div=4, clkfb_div=5, op_div=5, os2_div=5, vco_hz=625e6, core_hz=125e6)
+    inst = _pll_instance(cfg, 100e6, *(Signal() for _ in range(5)))
+    p = inst.parameters
+    assert (p["CLKI_DIV"], p["CLKFB_DIV"], p["CLKOP_DIV"], p["CLKOS_DIV"], p["CLKOS2_DIV"]) == (4, 5, 5, 5, 5)
+    assert (p["CLKOP_CPHASE"], p["CLKOP_FPHASE"]) == (2, 0)
+    assert (p["CLKOS_CPHASE"], p["CLKOS_FPHASE"]) == (3, 2)
+    assert (p["CLKOS2_CPHASE"], p["CLKOS2_FPHASE"]) == (2, 0)
+    assert p["FEEDBK_PATH"] == "CLKOP"
