@@ -22,12 +22,15 @@ work-request, receive-request and completion queues through registers (``Registe
 A host registers device memory with bus addresses ``0 .. devmem_bytes-1`` (memory regions with
 ``bus_base`` in that range); an access outside it is answered SLVERR by ``Axi4Ram``.
 
-Board catalogue (``BOARDS``): ``ecpix5`` (LFE5UM5G-85F), ``versa_ecp5_5g`` (LFE5UM5G-45F: too
-small for the core, its default is the shell below),
-``colorlight_5a75b`` (r7.0, LFE5U-25F: too small for the core, its default is the shell
-below), ``ulx3s_85f`` (LFE5U-85F, no
-Ethernet: the core's transmit stream is looped to its receive stream, a resource and timing
-target). Each entry names its amaranth-boards platform, whether its PHY needs the FPGA to
+Board catalogue (``BOARDS``): ``ecpix5`` (LFE5UM5G-85F, the full core, 256 QPs),
+``versa_ecp5_5g`` (LFE5UM5G-45F) and ``colorlight_5a75b`` (r7.0, LFE5U-25F), both too small for
+the core (~63k LUT4 cells at 16 QPs) and so building the shell by default, and ``ulx3s_85f``
+(LFE5U-85F, no Ethernet: the core's transmit stream is looped to its receive stream, a resource
+and timing target).
+
+The shell (``BoardConfig(core=False)``): no NicCore; the bridge reaches a bank of ``ident`` and
+``mac`` only, and the MAC sends back every frame it receives: the bring-up image for the MAC,
+PHY and bridge on a part that cannot hold the core. Each entry names its amaranth-boards platform, whether its PHY needs the FPGA to
 delay TX_CLK (``txc_delay``: the 90-degree PLL output drives TX_CLK) and its ``BoardConfig``.
 
 Simulation: ``BoardTop(None, config)`` has no platform and exposes pins instead (``stellar_board``
