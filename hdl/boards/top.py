@@ -30,8 +30,10 @@ and timing target).
 
 The shell (``BoardConfig(core=False)``): no NicCore; the bridge reaches a bank of ``ident`` and
 ``mac`` only, and the MAC sends back every frame it receives: the bring-up image for the MAC,
-PHY and bridge on a part that cannot hold the core. Each entry names its amaranth-boards platform, whether its PHY needs the FPGA to
-delay TX_CLK (``txc_delay``: the 90-degree PLL output drives TX_CLK) and its ``BoardConfig``.
+PHY and bridge on a part that cannot hold the core.
+
+Each entry names its amaranth-boards platform, whether its PHY needs the FPGA to delay TX_CLK
+(``txc_delay``: the 90-degree PLL output drives TX_CLK) and its ``BoardConfig``.
 
 Simulation: ``BoardTop(None, config)`` has no platform and exposes pins instead (``stellar_board``
 Verilog top, ``python -m stellar.hdl.boards.top -o build/verilog``):
