@@ -73,8 +73,8 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
   operands of the increase step, the sums of increase() (rt + rc + 1, max_rate + rc + 1);
   I+3 (S3): increase step (an 18 x 9 product; the rate's top 2 bits times the factor go into
   the sums), the CNP products, alpha shifted, the byte counter's and stages' choices; I+4
-  (S4): new rates (one addition and a choice each), new alpha; the new state is registered,
-  ``rate`` and ``trace`` pulse; the RAM write follows from that register at I+5. A CNP of a
+  (S4): new rates (one addition and a choice each), new alpha; the new state is registered;
+  at I+5 the RAM is written from that register and ``rate`` and ``trace`` pulse. A CNP of a
   DCQCN QP sums its products in S4, computes max(rc - dec, 0) and max(floor, min_rate) in S5
   and its state in S6 (I+6).
 - So events issue every 3 clocks (I+3 is the next issue: its S2 at I+5 takes the new state
@@ -84,8 +84,9 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
   FlowMatrix update (CNP of a mode-2 QP, or its TIMER with the period due)
   continues through F5..F12 (fm_b * Q; table index; table word registered; (1 - a) * s; W and
   65536 - W; K * (65536 - W) with K = max_rate * fm_norm, as three registered 18 x 17 products;
-  their sum; clamp and write at I+12): it occupies the machine for 11 clocks instead of 3.
-  ``rate`` comes 4 clocks after the issue (6 for a CNP of a DCQCN QP, 12 for a FlowMatrix
+  their sum; clamp at I+12, RAM write and ``rate`` at I+13): it occupies the machine for 11
+  clocks instead of 3.
+  ``rate`` comes 5 clocks after the issue (7 for a CNP of a DCQCN QP, 13 for a FlowMatrix
   update).
 - Every multiplier output is registered; the widest, K * (65536 - W), is 52 x 17 bits, split
   in three products summed in the next stage.
@@ -735,11 +736,20 @@ class ReactionPoint(wiring.Component):
             res_qp.eq(ev.qp),
             res_en.eq(done3 | f12),
             res_data.eq(Mux(f12, nf, nx)),
-            self.trace.valid.eq(done3 | f12),
-            self.trace.payload.eq(ev),
-            self.rate.valid.eq((done3 & (is_init | cnp_d | fire)) | f12),
-            self.rate.payload.qp.eq(ev.qp),
-            self.rate.payload.rate.eq(Mux(f12, rc_fm, nx.rc)),
+        ]
+        # ``rate`` and ``trace`` come from the result register (the clock the RAM is written),
+        # so the blocks they feed start from flip-flops too.
+        out_rate = Signal()
+        out_ev = Signal(ev_layout)
+        m.d.sync += [self.trace.valid.eq(res_en), out_rate.eq((done3 & (is_init | cnp_d | fire))
+                                                               | f12)]
+        with m.If(res_en):
+            m.d.sync += out_ev.eq(ev)
+        m.d.comb += [
+            self.trace.payload.eq(out_ev),
+            self.rate.valid.eq(out_rate),
+            self.rate.payload.qp.eq(lw_qp),
+            self.rate.payload.rate.eq(lw_data.rc),
         ]
         return m
 

@@ -6,7 +6,7 @@ samples ``trace`` and ``rate``. Each traced event is replayed into the model at 
 answer (a rate, or none) must be on ``rate`` in the same clock, for the same QP. The trace itself
 is checked against what was driven: INIT, CNP and SENT entries come in the order their stream
 delivered them with the same fields, TIMER entries only name QPs, every entry carries the
-``now_us`` of its issue clock (4 clocks before it, 6 for a CNP of a DCQCN QP, 12 for a FlowMatrix
+``now_us`` of its issue clock (5 clocks before it, 7 for a CNP of a DCQCN QP, 13 for a FlowMatrix
 update: the documented latency), and nothing is lost. At the end ``now_us`` stands still while the
 scanner fires every due timer: no QP may be left with a due timer (scanner liveness), and every
 QP's state read through the ``dbg`` port must equal the model's.
@@ -171,7 +171,7 @@ class Bench:
         fm_update = mode_before == FM and (
             kind == P.EV_CNP or (kind == P.EV_TIMER and elapsed_due(t["now"], s["t_fm"],
                                                                     self.params["fm_period"])))
-        lat = 12 if fm_update else 6 if kind == P.EV_CNP and mode_before == DCQCN else 4
+        lat = 13 if fm_update else 7 if kind == P.EV_CNP and mode_before == DCQCN else 5
         assert t["now"] == nows[edge - lat], \
             f"edge {edge}: event used now {t['now']}, issue clock {edge - lat} had {nows[edge - lat]}"
         self._classify(kind, qp, t)
@@ -497,7 +497,7 @@ def test_dcqcn_recovers_and_goes_inactive():
     # (the scanner may have read the word before the last write landed: its test is 3 clocks
     # behind the read, a write lands 5 clocks after the issue, and with 4 QPs the scanner reads
     # each every 4 clocks, so up to two stale TIMERs follow, traced 4 and 8 clocks after the
-    # last write: no-ops)
+    # last rate: no-ops)
     assert not [t for t in b.traces if t[2] == 2 and t[1] == P.EV_TIMER and t[0] > last_rate_edge + 8]
 
 
@@ -539,9 +539,9 @@ def test_flowmatrix_directed():
 
 
 def test_throughput():
-    """A continuous stream issues one event per 3 clocks, rate 4 clocks after the issue; a CNP
-    of a DCQCN QP holds the machine 5 clocks (rate 6 clocks after the issue), a FlowMatrix
-    update 11."""
+    """A continuous stream issues one event per 3 clocks, rate 5 clocks after the issue; a CNP
+    of a DCQCN QP holds the machine 5 clocks (rate 7 clocks after the issue), a FlowMatrix
+    update 11 (rate 13 clocks after the issue)."""
     p = dict(DEFAULTS, byte_reset=1000)
     qps = 8
     setup = [(0, 10, ("init", q, DCQCN)) for q in range(qps)]
@@ -562,14 +562,14 @@ def test_throughput():
     assert gaps == {3: n - 1}, gaps
     # a burst filling every FIFO (8 SENT, 8 CNP, 4 INIT in 8 clocks): back to back, 3 clocks
     # apart, 5 after a CNP of a DCQCN QP (QPs 0..3; CNPs of QPs 4..7, in mode NONE, are 3-clock
-    # no-ops); a DCQCN CNP is traced 6 clocks after its issue, the others 4
+    # no-ops); a DCQCN CNP is traced 7 clocks after its issue, the others 5
     cycles = [(10, (q, DCQCN) if q < 4 else None, q % qps, (q, 100, 0)) for q in range(8)]
     bb = Bench(qps, p).run(cycles, settle=100)
     e = [t[0] for t in bb.traces]
     kinds = [t[1] for t in bb.traces]
     assert kinds[:20] == [0] * 4 + [1] * 8 + [2] * 8        # priority init > cnp > sent
     assert [b2 - b1 for b1, b2 in pairwise(e[:20])] == [3] * 3 + [5] * 4 + [3] * 12
-    assert e[0] == 5      # FIFO write at edge 0, issue at 1, rate at 5
+    assert e[0] == 6      # FIFO write at edge 0, issue at 1, rate at 6
     # FlowMatrix: a CNP (update) followed by queued SENTs: 11 clocks, then 3
     cyc = [(10, (0, FM), None, None)] + [(10, None, None, None)] * 10 + \
           [(10, None, 0, None)] + [(10, None, None, (1, 10, 0))] + [(10, None, None, None)] * 3 + \
@@ -577,9 +577,9 @@ def test_throughput():
     bf = Bench(qps, p).run(cyc, settle=60)
     e = [t[0] for t in bf.traces]
     assert [t[1] for t in bf.traces] == [0, 1, 2, 2]
-    # CNP in the FIFO at edge 11, issued at 12, traced at 24; the SENT waits until 12 + 11 = 23
-    # (traced 27); the next SENT (FIFO at 16) is issued 3 clocks later, at 26 (traced 30)
-    assert e[1:] == [24, 27, 30]
+    # CNP in the FIFO at edge 11, issued at 12, traced at 25; the SENT waits until 12 + 11 = 23
+    # (traced 28); the next SENT (FIFO at 16) is issued 3 clocks later, at 26 (traced 31)
+    assert e[1:] == [25, 28, 31]
 
 
 def _expand(script):
