@@ -428,17 +428,17 @@ class ReactionPoint(wiring.Component):
         m.d.sync += nb.eq(s1_ev.bytes - p.byte_reset)
         # The stage thresholds as this event's kind moves them (a TIMER's increase follows
         # it += 1, a SENT's ib += 1): it_s >= F iff it >= F - [TIMER] (255 saturates, and
-        # passes both), and it_s + 1 - F = it + (1 - F + [TIMER]) unless it_s saturates.
+        # passes both), and it_s + 1 - F = it + (1 - F + [TIMER]) unless it_s saturates: then
+        # it + c_it = 257 - F exceeds the other stage's term (at most 256 - F, as that stage
+        # does not move), which the minimum picks, so the saturation needs no case of its own.
         s1_tmr = s1_ev.kind == RpEvent.TIMER
         s1_sent = s1_ev.kind == RpEvent.SENT
         thr_it = Signal(signed(6))
         thr_ib = Signal(signed(6))
         c_it = Signal(signed(6))
         c_ib = Signal(signed(6))
-        sat_f = Signal(9)                    # 256 - F: the factor of a saturated stage
         m.d.sync += [thr_it.eq(p.threshold - s1_tmr), thr_ib.eq(p.threshold - s1_sent),
-                     c_it.eq(1 - p.threshold + s1_tmr), c_ib.eq(1 - p.threshold + s1_sent),
-                     sat_f.eq(256 - p.threshold)]
+                     c_it.eq(1 - p.threshold + s1_tmr), c_ib.eq(1 - p.threshold + s1_sent)]
 
         # ------------------------------------------------------------ S2: decode
         st = Signal(st_layout)               # the word as S2's logic sees it
@@ -514,8 +514,8 @@ class ReactionPoint(wiring.Component):
         up_ib = st.ib >= thr_ib
         cls_fast = ~up_it & ~up_ib
         cls_hyper = up_it & up_ib
-        a_it = Mux(k_tmr & (st.it == 255), sat_f, st.it + c_it)
-        a_ib = Mux(k_sent & (st.ib == 255), sat_f, st.ib + c_ib)
+        a_it = st.it + c_it
+        a_ib = st.ib + c_ib
         factor = Mux(a_it < a_ib, a_it, a_ib)[:9]
         s_due_a = _in_window(st.t_alpha, win["alpha_period"])
         s_due_r = _in_window(st.t_rate, win["time_reset"])

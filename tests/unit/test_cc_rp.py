@@ -474,6 +474,20 @@ def test_dcqcn_increase_at_the_cap():
         assert b.final_state[0]["rt"] == min(16000, 8008 + p["ai_rate"])
 
 
+def test_dcqcn_stages_saturate():
+    """ib and it run to 255 and stay there while the QP keeps increasing (hyper, factor up to
+    256 - F): every rate and the final state are checked against the model."""
+    p = dict(DEFAULTS, max_rate=(1 << 20) - 1, min_rate=1000, ai_rate=1, hai_rate=1, gd=1,
+             min_dec_fac=0, threshold=1, time_reset=1, alpha_period=60000, byte_reset=10)
+    script = [(0, 0, ("init", 0, DCQCN)), (5, 0, ("cnp", 0)), (10, 0, ("cnp", 0)), (5, 0, None)]
+    script += [(5, 0, ("sent", 0, 20, 0))] * 260        # ib: 1 .. 255, then 255
+    script += [(12, now, None) for now in range(1, 261)]   # it: 1 .. 255, then 255
+    b = _direct(p, script)
+    st = b.final_state[0]
+    assert (st["it"], st["ib"], st["active"]) == (255, 255, 1)
+    assert len(_rates(b, 0)) == 3 + 260 + 260
+
+
 def test_dcqcn_recovers_and_goes_inactive():
     """After a CNP the timer alone brings the rate back to max_rate; then the QP is inactive:
     no more timer events nor rates for it, SENT ignored."""
