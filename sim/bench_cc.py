@@ -148,7 +148,7 @@ def markdown(rows):
         t = ex["tenants"]
         out += ["", f"Tenants (line {t['line']} Mb/s): tenant 1 (3 QPs) capped at {t['cap']} -> "
                 f"{t['tenant1']:.1f} Mb/s; tenant 2 (1 QP) guaranteed {t['guarantee']} -> "
-                f"{t['tenant2']:.1f} Mb/s (round robin alone: {0.175 * t['line']:.0f})."]
+                f"{t['tenant2']:.1f} Mb/s (round robin alone would give it {0.2125 * t['line']:.0f})."]
     if "priority" in ex:
         p = ex["priority"]
         f, s = p["first"], p["second"]

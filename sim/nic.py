@@ -74,6 +74,8 @@ class SimNic:
             part.log.setLevel(logging.WARNING)      # one line per register access otherwise
         self.mem = RecordingAxiRam(AxiBus.from_prefix(dut, f"{p}m_axi"), clk, rst, size=mem_size,
                                    window=(0, mem_size), log=False)
+        for part in (self.mem.write_if, self.mem.read_if):
+            part.log.setLevel(logging.WARNING)      # one line per burst otherwise
         self.wr_source = AxiStreamSource(AxiStreamBus.from_prefix(dut, f"{p}s_axis_wr"), clk, rst)
         self.rr_source = AxiStreamSource(AxiStreamBus.from_prefix(dut, f"{p}s_axis_rr"), clk, rst)
         self.cq_sink = AxiStreamSink(AxiStreamBus.from_prefix(dut, f"{p}m_axis_cq"), clk, rst)

@@ -28,3 +28,7 @@ def test_tenants():
 
 def test_priority():
     run("priority")
+
+
+def test_cnp_latency():
+    run("cnp_latency")
