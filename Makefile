@@ -76,6 +76,7 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m stellar.sim.bench
 	$(BIN)/python -m stellar.sim.bench_rc
+	$(BIN)/python -m stellar.sim.bench_cc
 
 lint: $(STAMP)
 	$(BIN)/ruff check hdl sim host tests

@@ -64,3 +64,32 @@ def test_bench_flow_quick_writes_report(tmp_path):
     (summary,) = report["summary"]
     assert summary["capacity"] == 256 and summary["load_at_full_random"]["n"] == 2
     assert (out / "flow_table.md").read_text().startswith("# Flow table benchmark")
+
+
+def test_bench_cc_report_from_runs(tmp_path):
+    """The congestion-control bench's report and plots from run files shaped like the ones
+    ``stellar.sim.tb_cc`` writes (the runs themselves are the cocotb tests' business)."""
+    from stellar.sim import bench_cc
+    runs = tmp_path / "cc_runs"
+    runs.mkdir()
+    for mode in ("DCQCN", "FLOWMATRIX"):
+        series = {str(q): [[t, 100 + q + (t // 1000) % 3] for t in range(0, 20000, 1000)]
+                  for q in (1, 2)}
+        counters = {"a": {"cc": {"cnp_received": 7}, "transport": {"retransmits": 0}},
+                    "switch": {"a->b": {"ecn_marked": 9, "dropped": 0, "queue_dropped": 0}}}
+        (runs / f"incast_{mode.lower()}_2.json").write_text(json.dumps({
+            "mode": mode, "flows": 2, "us_cycles": 125, "jain_last_half": 0.99,
+            "utilization_last_half": 0.9, "queue_peak": 5000, "queue_mean": 1200.0,
+            "counters": counters, "rp_series": series, "wire_series": series,
+            "queue_samples": [[0, 0], [100, 3000], [200, 1000]]}))
+    (runs / "cnp_latency.json").write_text(json.dumps({"cycles": 40, "rp_cycles": 6,
+                                                       "rate": 8008, "line": 16000}))
+    (runs / "bucket_accuracy.json").write_text(json.dumps(
+        {"line": 640, "results": [{"cap": 64, "measured": 64.1, "error": 0.0016}]}))
+    rows = bench_cc.summarize(runs)
+    assert [(r["mode"], r["flows"]) for r in rows["incast"]] == [("DCQCN", 2), ("FLOWMATRIX", 2)]
+    assert rows["incast"][0]["conv_us"] == 0
+    table = bench_cc.markdown(rows)
+    assert "| 2 | DCQCN | 0.990 | 90.0 % |" in table and "**40 cycles**" in table
+    pngs = bench_cc.plots(runs, tmp_path)
+    assert len(pngs) == 3 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
