@@ -67,9 +67,9 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
 - I: the arbiter picks the highest-priority event and presents its QP to the RAM.
 - I+1 (S1): the RAM word is registered (block-RAM output to a flip-flop, nothing else); the
   due windows of the event's ``now`` and bytes - byte_reset are computed from the event alone.
-- I+2 (S2): the word, replaced by the last written word when that was the same QP (the write of
-  the previous event lands after this event's read; the choice is registered in S1), is
-  decoded; due tests (two compares against the windows), byte counter, stages and the
+- I+2 (S2): the word, replaced by the last result when that was the same QP's (the result of
+  the previous event may reach the RAM after this event's read; the choice is registered in
+  S1), is decoded; due tests (two compares against the windows), byte counter, stages and the
   operands of the increase step, the sums of increase() (rt + rc + 1, max_rate + rc + 1);
   I+3 (S3): increase step (an 18 x 9 product; the rate's top 2 bits times the factor go into
   the sums), the CNP products, alpha shifted, the byte counter's and stages' choices; I+4
@@ -80,13 +80,12 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
 - So events issue every 3 clocks (I+3 is the next issue: its S2 at I+5 takes the new state
   from the result register), every 5 after a CNP of a DCQCN QP (the next S2 at I+7 sees the
   result of I+6); whether an event is one of the longer kinds is known in S3, which holds the
-  issue of I+3 back. A
-  FlowMatrix update (CNP of a mode-2 QP, or its TIMER with the period due)
-  continues through F5..F12 (fm_b * Q; table index; table word registered; (1 - a) * s; W and
-  65536 - W; K * (65536 - W) with K = max_rate * fm_norm, as three registered 18 x 17 products;
-  their sum; clamp at I+12, RAM write and ``rate`` at I+13): it occupies the machine for 11
-  clocks instead of 3.
-  ``rate`` comes 5 clocks after the issue (7 for a CNP of a DCQCN QP, 13 for a FlowMatrix
+  issue of I+3 back. A FlowMatrix update (CNP of a mode-2 QP, or its TIMER with the period
+  due) continues through F5..F12 (fm_b * Q; table index; table word registered; (1 - a) * s;
+  W and 65536 - W; K * (65536 - W) with K = max_rate * fm_norm, as three registered 18 x 17
+  products; their sum; clamp at I+12, RAM write and ``rate`` at I+13): it occupies the
+  machine for 11 clocks instead of 3.
+- ``rate`` comes 5 clocks after the issue (7 for a CNP of a DCQCN QP, 13 for a FlowMatrix
   update).
 - Every multiplier output is registered; the widest, K * (65536 - W), is 52 x 17 bits, split
   in three products summed in the next stage.
