@@ -28,10 +28,12 @@ import cocotb
 from cocotb.simtime import get_sim_time
 from cocotb.triggers import ClockCycles
 from stellar.hdl.flow.fields import CcMode, PathMtu
+from stellar.hdl.transport.formats import CNP_OPCODE
 from stellar.host.qos import Qos
 
 from .nic import MR_INDEX, QpConfig, SimNic
-from .switch import FlowMonitor, LinkConfig, Switch, jain
+from .rcpackets import icrc_ok
+from .switch import FlowMonitor, LinkConfig, Switch, bth_opcode, jain
 from .tb import TB, tb_param
 from .verbs import WcStatus, WorkRequest, WrOpcode
 
@@ -328,14 +330,43 @@ async def priority(dut):
     assert abs(second[1] - cap) <= 0.02 * cap, second
 
 
+def check_cnp(frame, *, dest_qp, src, dst):
+    """The CNP as scapy reads it (IBTA A17.9.3): BTH opcode 0x81 with BECN, the sender's QP,
+    16 zero bytes, a valid ICRC; IP from the notification point to the sender, DSCP 48 and
+    Not-ECT (the ``cc.cnp_marking`` reset values)."""
+    from scapy.contrib.roce import BTH
+    from scapy.layers.inet import IP
+    from scapy.layers.l2 import Ether
+    p = Ether(frame)
+    bth = p[BTH]
+    assert (bth.opcode, bth.becn, bth.fecn, bth.dqpn) == (CNP_OPCODE, 1, 0, dest_qp), bth.show(dump=True)
+    assert bytes(bth.payload) == bytes(16) and len(frame) == 74, (len(frame), bytes(bth.payload))
+    assert (p[IP].tos >> 2, p[IP].tos & 3) == (48, 0), p[IP].tos
+    assert (p[IP].src, p[IP].dst) == (_ip(src.ip), _ip(dst.ip))
+    assert icrc_ok(frame)
+
+
+def _ip(v):
+    return ".".join(str(v >> s & 0xFF) for s in (24, 16, 8, 0))
+
+
 @cocotb.test()
 async def cnp_latency(dut):
-    """One WRITE marked CE on its way to B: B sends one CNP; the cycles from the CNP's first beat
+    """One WRITE marked CE on its way to B: B sends one CNP (its format checked with scapy); the
+    cycles from the CNP's first beat
     at A's s_axis_rx to the new rate reaching A's pacer (``cc.rate_stamp``), and the rate."""
     us_cycles = tb_param("us_cycles", int, 250)
     h = CcHarness(dut, ab=LinkConfig(delay=40, ecn_mark=1.0, seed=4))
     f = Flow(1, mode=CcMode.DCQCN, size=4096, depth=1)
     await h.start([f], us_cycles=us_cycles)
+    cnp_frames = []
+    arrive = h.switch.ba.model.arrive
+
+    def capture(frame, cycle):
+        if bth_opcode(frame) == CNP_OPCODE:
+            cnp_frames.append(bytes(frame))
+        return arrive(frame, cycle)
+    h.switch.ba.model.arrive = capture
     await h._post(f)
     await h.drain()
     await ClockCycles(dut.clk, 2000)
@@ -349,6 +380,7 @@ async def cnp_latency(dut):
     h.log.info("CNP first beat at A -> pacer rate: %d cycles (reaction point alone %d); rate %d of "
                "%d Mb/s", latency, rp, rate, line)
     _report("cnp_latency", {"cycles": latency, "rp_cycles": rp, "rate": rate, "line": line})
+    check_cnp(cnp_frames[0], dest_qp=QPN_BASE["a"] + 1, src=h.nic["b"], dst=h.nic["a"])
     assert 0 < rp < latency < 100, (rp, latency)
     # DCQCN's first cut with alpha = 1023/1024: rate x (1 - alpha / 2), rounded down
     assert rate == line - ((line * 1023) >> 11), rate

@@ -10,6 +10,7 @@ map's reset values and the host driver (decoding the QP window). Semantics of ev
 ``RP_STATE_FIELDS``: ``(name, width)`` of the per-QP state word, in layout order.
 """
 
+from ..flow.fields import CcMode
 from .sigmoid import fm_norm
 
 __all__ = ["RATE_BITS", "ALPHA_BITS", "MODE_NONE", "MODE_DCQCN", "MODE_FLOWMATRIX",
@@ -20,9 +21,9 @@ RATE_BITS = 20      # Mb/s (bits per microsecond)
 ALPHA_BITS = 20     # alpha fraction, 1.0 = 2**20
 
 # Per-QP mode (the QP context's cc_mode). 3 is reserved and behaves like MODE_NONE.
-MODE_NONE = 0
-MODE_DCQCN = 1
-MODE_FLOWMATRIX = 2
+MODE_NONE = int(CcMode.NONE)             # the QP context's cc_mode values (one source)
+MODE_DCQCN = int(CcMode.DCQCN)
+MODE_FLOWMATRIX = int(CcMode.FLOWMATRIX)
 
 # Event kinds, in priority order (the trace's ``kind``).
 EV_INIT = 0
