@@ -71,8 +71,8 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
   the previous event may reach the RAM after this event's read; the choice is registered in
   S1), is decoded; due tests (two compares against the windows), byte counter, stages and the
   operands of the increase step, the sums of increase() (rt + rc + 1, max_rate + rc + 1);
-  I+3 (S3): increase step (an 18 x 9 product; the rate's top 2 bits times the factor go into
-  the sums), the CNP products, alpha shifted, the byte counter's and stages' choices; I+4
+  I+3 (S3): increase step (an 18 x 9 product; the rate's top 2 bits times the factor, or
+  ai_rate, go into the sums), the CNP products, alpha shifted, the byte counter's and stages' choices; I+4
   (S4): new rates (one addition and a choice each), new alpha; the new state is registered;
   at I+5 the RAM is written from that register and ``rate`` and ``trace`` pulse. A CNP of a
   DCQCN QP sums its products in S4, computes max(rc - dec, 0) and max(floor, min_rate) in S5
@@ -473,12 +473,14 @@ class ReactionPoint(wiring.Component):
         bc2 = Signal(25)                     # byte_cnt + bytes, less byte_reset if crossed
         it2 = Signal(8)                      # it, ib as increase() would see them
         ib2 = Signal(8)
-        # The step of increase(), hai_rate * factor (hyper), ai_rate (additive) or 0 (fast), as
-        # the operands of one 18 x 9 product and of a 2 x 9 one for the rate's top bits:
-        # inc = m_a * m_f + ((m_h * m_f) << 18).
+        # The step of increase(), hai_rate * factor (hyper), ai_rate (additive) or 0 (fast):
+        # inc = m_a * m_f + ((m_h * m_f) << 18) + m_ai, with (m_a, m_h) = hai_rate's low 18 and
+        # top 2 bits when hyper, else 0, and m_ai = ai_rate when additive, else 0; the factor
+        # goes to the product unselected (one 18 x 9 multiplier, the 2 x 9 one in logic).
         m_a = Signal(18)
         m_h = Signal(RATE_BITS - 18)
         m_f = Signal(9)
+        m_ai = Signal(RATE_BITS)
         cnps_new = Signal(8)
         trend = Signal(16)
         nalpha = Signal(P.ALPHA_BITS + 1)    # 2**20 - alpha
@@ -542,9 +544,10 @@ class ReactionPoint(wiring.Component):
                 bc2.eq(bc),
                 it2.eq(it_s),
                 ib2.eq(ib_s),
-                m_a.eq(Mux(cls_hyper, p.hai_rate[:18], Mux(cls_fast, 0, p.ai_rate[:18]))),
-                m_h.eq(Mux(cls_hyper, p.hai_rate[18:], Mux(cls_fast, 0, p.ai_rate[18:]))),
-                m_f.eq(Mux(cls_hyper, factor, 1)),
+                m_a.eq(Mux(cls_hyper, p.hai_rate[:18], 0)),
+                m_h.eq(Mux(cls_hyper, p.hai_rate[18:], 0)),
+                m_f.eq(factor),
+                m_ai.eq(Mux(cls_hyper | cls_fast, 0, p.ai_rate)),
                 cnps_new.eq(Mux(k_cnp & fmq, _inc_sat8(st.cnps), st.cnps)),
                 trend.eq(Mux(d_infl[15], 0, d_infl)),
                 nalpha.eq((1 << P.ALPHA_BITS) - st.alpha),
@@ -573,11 +576,10 @@ class ReactionPoint(wiring.Component):
                 ib_new.eq(Mux(sent_d & cross2, ib2, old.ib)),
             ]
         inc_lo = Signal(27)                  # m_a * m_f
-        hb = Signal(RATE_BITS - 18 + 9)      # m_h * m_f (weight 2**18)
-        rt3 = Signal(RATE_BITS + 12)         # rt + (hb << 18), and the other sums of increase()
-        x13 = Signal(RATE_BITS + 12)         # with the small product already in
-        zc3 = Signal(signed(RATE_BITS + 13))  # x1 - 2 max_rate + (hb << 18)
-        dmr3 = Signal(signed(RATE_BITS + 13))  # max_rate - rt - (hb << 18)
+        rt3 = Signal(RATE_BITS + 12)         # rt + hbx, and the other sums of increase()
+        x13 = Signal(RATE_BITS + 12)         # with hbx already in
+        zc3 = Signal(signed(RATE_BITS + 13))  # x1 - 2 max_rate + hbx
+        dmr3 = Signal(signed(RATE_BITS + 13))  # max_rate - rt - hbx
         y_not_max = Signal()                 # y1 >> 1 != max_rate
         # CNP: rc * (alpha >> 10) and rc * min_dec_fac * 1311, each as the products of rc's low
         # 18 bits and of its top 2 bits (summed in S4)
@@ -590,17 +592,17 @@ class ReactionPoint(wiring.Component):
         qa = Signal(24)
         qb = Signal(32)
         pa = Signal(32)
-        hbv = Signal(RATE_BITS - 18 + 9)
-        m.d.comb += hbv.eq(Mux(m_h[0], m_f, 0) + Mux(m_h[1], m_f << 1, 0))
-        hb18 = Cat(Const(0, 18), hbv)
+        hbv = Signal(RATE_BITS - 18 + 9)     # m_h * m_f (weight 2**18)
+        hbx = Signal(RATE_BITS + 9)          # inc - m_a * m_f: (m_h * m_f) << 18, or m_ai
+        m.d.comb += [hbv.eq(Mux(m_h[0], m_f, 0) + Mux(m_h[1], m_f << 1, 0)),
+                     hbx.eq(Cat(Const(0, 18), hbv) | m_ai)]   # one of the two is 0
         with m.If(ph3):
             m.d.sync += [
                 inc_lo.eq(m_a * m_f),
-                hb.eq(hbv),
-                rt3.eq(old.rt + hb18),
-                x13.eq(x1 + hb18),
-                zc3.eq(x1 - mr2 + hb18),
-                dmr3.eq(dmr - hb18),
+                rt3.eq(old.rt + hbx),
+                x13.eq(x1 + hbx),
+                zc3.eq(x1 - mr2 + hbx),
+                dmr3.eq(dmr - hbx),
                 y_not_max.eq(y1[1:] != p.max_rate),
                 pd_lo.eq(old.rc[:18] * old.alpha[10:]),
                 pd_hi.eq(old.rc[18:] * old.alpha[10:]),
