@@ -376,11 +376,13 @@ class ReactionPoint(wiring.Component):
             f_init.r_en.eq(pick_init), f_cnp.r_en.eq(pick_cnp), f_sent.r_en.eq(pick_sent),
             ev_i.now.eq(self.now_us),
         ]
-        with m.If(pick_init):
+        # The event in priority order, whether the machine can take it or not (``issue`` says
+        # whether it does): the RAM address then does not wait for the cool-down logic.
+        with m.If(f_init.r_rdy):
             m.d.comb += [ev_i.kind.eq(RpEvent.INIT), ev_i.qp.eq(h_init.qp), ev_i.mode.eq(h_init.mode)]
-        with m.Elif(pick_cnp):
+        with m.Elif(f_cnp.r_rdy):
             m.d.comb += [ev_i.kind.eq(RpEvent.CNP), ev_i.qp.eq(h_cnp.qp)]
-        with m.Elif(pick_sent):
+        with m.Elif(f_sent.r_rdy):
             m.d.comb += [ev_i.kind.eq(RpEvent.SENT), ev_i.qp.eq(h_sent.qp),
                          ev_i.bytes.eq(h_sent.bytes), ev_i.inflight.eq(h_sent.inflight)]
         with m.Else():
