@@ -127,10 +127,16 @@ class Board:
         return getattr(importlib.import_module(f"amaranth_boards.{module}"), cls)
 
 
+# The 85F parts: 256 QPs. Block RAM, not logic, is what limits them: at SQ/RQ depth 16 and
+# 64 KiB of device memory the build needs 358 EBR of 208 (send queue 72 + inline data 58 +
+# receive queue 36 + device memory 32 + the rest 160); depth 4 and 8 KiB bring the estimate
+# to ~203 (LUT4 at 75 %, FF at 42 % either way).
+FULL_85F = BoardConfig(qps=256, sq_depth=4, rq_depth=4, devmem_bytes=8 * 1024)
+
 BOARDS = {b.name: b for b in (
     # ECPIX-5: RTL8211E PHY, assumed without TX delay: the FPGA shifts TX_CLK (as LiteX's
     # target does; check the strap on a real board).
-    Board("ecpix5", "ecpix5:ECPIX585Platform", "LFE5UM5G-85F", txc_delay=True),
+    Board("ecpix5", "ecpix5:ECPIX585Platform", "LFE5UM5G-85F", txc_delay=True, config=FULL_85F),
     # Versa ECP5-5G: 88E1512 PHY, assumed strapped without internal delays. Its 45F (43,848
     # LUT4) cannot hold NicCore either (~63k LUT4 cells at 16 QPs): the shell by default.
     Board("versa_ecp5_5g", "versa_ecp5_5g:VersaECP55GPlatform", "LFE5UM5G-45F", txc_delay=True,
@@ -141,7 +147,7 @@ BOARDS = {b.name: b for b in (
           config=BoardConfig(qps=16, devmem_bytes=8 * 1024, sq_depth=8, rq_depth=8, mr_entries=16,
                              mr_pages=16, rx_fifo_bytes=2048, cq_depth=8, core=False)),
     # ULX3S-85F: no Ethernet; a resource and timing target for the full core.
-    Board("ulx3s_85f", "ulx3s:ULX3S_85F_Platform", "LFE5U-85F", ethernet=False),
+    Board("ulx3s_85f", "ulx3s:ULX3S_85F_Platform", "LFE5U-85F", ethernet=False, config=FULL_85F),
 )}
 
 
