@@ -7,7 +7,7 @@ simulations where NIC A and NIC B talk through a network model.
     s_axis_rx -> RxFlowPipeline --o_meta/o--> RcTransport --tx--> TxBuilder -> Deparser -> m_axis_tx
                  (parser, ICRC,    <---wb---   |  ^  |             |  ^  ^
                   tenants, flow,               |  |  +-- dma write  |  |  +-- CNPs
-                  MR check, QP ctx)            |  |        \        /  |
+                  MR check, QP ctx)            |  |        \\        /  |
                                   s_axis_wr ---+  |         Dma (AXI4 master) --> m_axi (host memory)
                                   s_axis_rr ---+  +--> m_axis_cq
                  rx_meta tap, ctx writes, packets sent, QPs with work
