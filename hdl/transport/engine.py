@@ -11,7 +11,7 @@ transport's RAMs need no forwarding at all)::
    timeout events <- scanner --+     | per-QP RAMs:   --> pdq (gated by DMA writes) |
    wr (work requests) ---------+     | qs, sq, sqd,       +-> ACK/NAK desc --------+
    rr (receive requests) ------+     | rq, txc, timer     +-> READ jobs -> READ response expander
-   sched (QPs with work) ------+     |                    +-> cq (completions)
+   sched_pop (next QP to send) +     |                    +-> cq (completions)
                                      +--> mover cmds: payload of rx -> DMA write / discard
 
 An event takes 4 clocks (pick, address, load, decide) plus 2 per send-queue entry it walks
@@ -38,15 +38,18 @@ them has its AXI B response: an ACK or completion never overtakes the data it re
 
 Requester, per QP: a ring of ``sq_depth`` WQEs (``sq``; inline payload in ``sqd``), ``una``
 (oldest unacknowledged PSN), ``npsn`` (next new PSN), ``sq_cur``/``cur_off`` (next packet to
-send). A QP with work sits in the round-robin ``sched`` FIFO; each visit sends one packet if
-``npsn - una < window``. AckReq on the last packet of a message, on the packet that fills the
-window, and every ``2**ackreq_shift`` PSNs. ACKs complete WQEs in order (2 clocks per WQE); an
-ACK covering a READ whose responses did not all arrive, a PSN-sequence NAK, an ACK timeout, and
-the end of an RNR wait rewind the QP to ``una`` (go-back-N; the payload is read again from host
-memory). retry_cnt counts timeouts and sequence NAKs without progress; rnr_retry counts RNR NAKs
-(7 = infinite). A remote error NAK or an exhausted counter is fatal: the WQE completes with
-REM_INV_REQ_ERR / REM_ACCESS_ERR / REM_OP_ERR / RETRY_EXC_ERR / RNR_RETRY_EXC_ERR, every later
-WQE with WR_FLUSH_ERR, and the QP moves to ERROR (``set_state``); other QPs are unaffected.
+send). A QP with work is pushed (``sched_push``, once while it waits) to the TX scheduler
+(``stellar.hdl.cc.sched``: traffic classes, round robin, pacers, tenant buckets), which hands
+back the QP that sends next (``sched_pop``); each visit sends one packet if ``npsn - una <
+window`` (reported on ``sent``) and pushes the QP back if it has more. AckReq on the last packet
+of a message, on the packet that fills the window, and every ``2**ackreq_shift`` PSNs. ACKs
+complete WQEs in order (2 clocks per WQE); an ACK covering a READ whose responses did not all
+arrive, a PSN-sequence NAK, an ACK timeout, and the end of an RNR wait rewind the QP to ``una``
+(go-back-N; the payload is read again from host memory). retry_cnt counts timeouts and sequence
+NAKs without progress; rnr_retry counts RNR NAKs (7 = infinite). A remote error NAK or an
+exhausted counter is fatal: the WQE completes with REM_INV_REQ_ERR / REM_ACCESS_ERR / REM_OP_ERR
+/ RETRY_EXC_ERR / RNR_RETRY_EXC_ERR, every later WQE with WR_FLUSH_ERR, and the QP moves to
+ERROR (``set_state``); other QPs are unaffected.
 
 Timers: one RAM word per QP (armed, RNR, deadline in ticks of ``tick_cycles`` clocks: 4.096 us
 at the reset value and 250 MHz); the scanner reads one QP per clock and queues expiries, which
@@ -65,6 +68,10 @@ wr          In   stream of ``WORK_REQUEST`` (``stellar.hdl.transport.formats``)
 rr          In   stream of ``RECV_REQUEST``
 cq          Out  stream of ``COMPLETION``
 tx          Out  stream of ``tx_desc_layout``: packets to send (to ``TxBuilder.desc``)
+sched_push  Out  ``{qp}``, always ready: QP qp has packets to send (at most once while queued)
+sched_pop   In   ``{qp}``: the QP to send the next packet of
+sent        Out  ``sent_layout``, always ready: a request packet queued for the wire (payload bytes,
+                 PSNs in flight after it), in the clock of its push-back
 txc_addr, txc_en, txc_data
             In/Out  the builder's read port into the transport's copy of the QP contexts
 dma_wcmd    Out  stream ``{addr, len}``: DMA writes of received payload
