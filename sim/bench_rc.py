@@ -18,7 +18,6 @@ The measurements themselves are in :mod:`stellar.sim.bench_rc_tb`.
 """
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -49,13 +48,13 @@ def plan(quick):
 
 
 def run_case(params, out_dir):
-    from stellar.hdl.top.nic import PAIR_NAME, verilog_top
+    from stellar.hdl.top.nic import PAIR_NAME
 
+    from .nic import pair_verilog
     from .runner import run_cocotb, tb_env
-    from .verilog import export_verilog, param_slug
+    from .verilog import param_slug
     width = params["width"]
-    src = export_verilog(PAIR_NAME, functools.partial(verilog_top, two=True),
-                         {"width": width, "qps": 16})
+    src = pair_verilog(width)
     fd, path = tempfile.mkstemp(suffix=".json", dir=out_dir)
     os.close(fd)
     os.environ["STELLAR_BENCH_OUT"] = path

@@ -19,10 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from stellar.hdl.top.nic import PAIR_NAME, verilog_top
+from stellar.hdl.top.nic import PAIR_NAME
 
+from .nic import pair_verilog
 from .runner import run_cocotb, tb_env
-from .verilog import export_verilog, param_slug
+from .verilog import param_slug
 
 
 def step(text):
@@ -30,7 +31,6 @@ def step(text):
 
 
 def main(argv=None):
-    import functools
     ap = argparse.ArgumentParser(prog="python -m stellar.sim.nic_sim", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--width", type=int, default=64, choices=(64, 512), help="data width in bits")
@@ -45,8 +45,7 @@ def main(argv=None):
     t0 = time.monotonic()
     step(f"generating Verilog for {PAIR_NAME} (two NIC cores, {args.width}-bit datapath; cached "
          "after the first run)")
-    src = export_verilog(PAIR_NAME, functools.partial(verilog_top, two=True),
-                         {"width": args.width, "qps": 16})
+    src = pair_verilog(args.width)
     step("building with Verilator (the first build takes a few minutes), setting up QPs and "
          "memory regions through the host driver, running the traffic")
     (out / "summary.json").unlink(missing_ok=True)
