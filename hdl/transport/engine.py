@@ -77,6 +77,19 @@ txc_addr, txc_en, txc_data
 dma_wcmd    Out  stream ``{addr, len}``: DMA writes of received payload
 dma_wdata   Out  their beats
 dma_wdone   In   one pulse per completed DMA write command (in order)
+sq_retire   Out  ``{qp}``, always ready: one pulse per send-queue credit the QP gets back: a WQE
+                 left the on-chip send queue (completed by an ACK or READ response, or flushed
+                 after a fatal error), or a work request was taken without entering it (rejected:
+                 queue full, QP not in RTS, bad opcode, inline too long, QP in error).
+rq_retire   Out  ``{qp}``, always ready: likewise for the receive queue: a receive WQE consumed
+                 (SEND last/only, WRITE with immediate, SEND too long for it), or a receive
+                 request rejected (queue full, QP in RESET or ERROR).
+                 A feeder that posts at most ``sq_depth`` (``rq_depth``) requests per QP more
+                 than it has seen pulses for never posts into a full queue. Each pulse comes from
+                 one state of the event machine, so there is at most one of each per clock. A
+                 host context write that re-initializes the queue (sq_psn / epsn, or state RESET
+                 / INIT) empties it without pulses: the feeder's credits are reset with its own
+                 queue configuration (``stellar.hdl.hostif.queues``).
 csr         Out  the ``transport`` register block (``csr.block_signature``)
 
 Parameters: ``data_width``, ``qps`` (QP indexes, a power of two), ``sq_depth``, ``rq_depth``
@@ -186,6 +199,8 @@ class RcTransport(wiring.Component):
             "dma_wcmd":    Out(stream.Signature(data.StructLayout({"addr": 64, "len": 16}))),
             "dma_wdata":   Out(stream.Signature(beat)),
             "dma_wdone":   In(1),
+            "sq_retire":   Out(stream.Signature(data.StructLayout({"qp": IB}), always_ready=True)),
+            "rq_retire":   Out(stream.Signature(data.StructLayout({"qp": IB}), always_ready=True)),
             "csr":         Out(block_signature(REGMAP.block("transport"))),
         })
 
@@ -655,6 +670,8 @@ class RcTransport(wiring.Component):
         m.d.comb += self.rx_meta.ready.eq(rx_take)
         sched_push = Signal()
         m.d.comb += [self.sched_push.valid.eq(sched_push), self.sched_push.payload.qp.eq(qp)]
+        # Credits back to the feeder of wr / rr (one state sets each, so one pulse per clock).
+        m.d.comb += [self.sq_retire.payload.qp.eq(qp), self.rq_retire.payload.qp.eq(qp)]
         # default send-queue slot: the WQE being sent (SEND) or the oldest one; states override
         m.d.comb += sq_slot.eq(Mux(ev == _Ev.SEND, s.sq_cur, s.sq_tail))
         m.d.comb += rq_slot.eq(s.rq_tail)
@@ -825,7 +842,7 @@ class RcTransport(wiring.Component):
                                 pde.cqe.status.eq(Mux(c.state == QpState.ERROR,
                                                       WcStatus.WR_FLUSH_ERR, WcStatus.LOC_QP_OP_ERR)),
                                 pde.cqe.opcode.eq(WcOpcode.RECV), pde.cqe.wr_id.eq(rrq.wr_id),
-                                self.rr.ready.eq(1),
+                                self.rr.ready.eq(1), self.rq_retire.valid.eq(1),
                             ]
                             m.next = "IDLE"
 
@@ -849,7 +866,7 @@ class RcTransport(wiring.Component):
                     with m.If(pdq.w_rdy):
                         m.d.comb += [pd_push.eq(w.signaled), pde.wtag.eq(wtag_now),
                                      pde.has_cqe.eq(1), *cqe_for_wqe(pde.cqe, w, WcStatus.SUCCESS),
-                                     sq_slot.eq(s.sq_tail + 1)]
+                                     sq_slot.eq(s.sq_tail + 1), self.sq_retire.valid.eq(1)]
                         m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), s.una.eq(w_last + 1)]
                         with m.If(s.sq_cur == s.sq_tail):
                             # acknowledged beyond a rewound send pointer: skip what needs no resend
@@ -930,7 +947,7 @@ class RcTransport(wiring.Component):
                     m.d.comb += [pd_push.eq(1), pde.wtag.eq(wtag_now), pde.has_cqe.eq(1),
                                  *cqe_for_wqe(pde.cqe, w, Mux(flushing, WcStatus.WR_FLUSH_ERR,
                                                              fatal_status)),
-                                 sq_slot.eq(s.sq_tail + 1)]
+                                 sq_slot.eq(s.sq_tail + 1), self.sq_retire.valid.eq(1)]
                     m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), flushing.eq(1)]
                     m.next = "FLUSH_LD"
             with m.State("FLUSH_LD"):
@@ -980,7 +997,7 @@ class RcTransport(wiring.Component):
                              pde.cqe.status.eq(WcStatus.LOC_LEN_ERR),
                              pde.cqe.opcode.eq(WcOpcode.RECV), pde.cqe.wr_id.eq(rqe.wr_id),
                              ns.rq_tail.eq(s.rq_tail + 1), ns.rq_off.eq(0),
-                             ns.in_msg.eq(_InMsg.NONE)]
+                             ns.in_msg.eq(_InMsg.NONE), self.rq_retire.valid.eq(1)]
             with m.Else():
                 self._accept(m, ns, pde, pd_push, mve, v)
             with m.If(nak):
@@ -1015,7 +1032,7 @@ class RcTransport(wiring.Component):
                 m.d.comb += ns.wlen.eq(rec.reth_dma_length)
             with m.If(v.with_imm):
                 m.d.comb += [
-                    ns.rq_tail.eq(s.rq_tail + 1),
+                    ns.rq_tail.eq(s.rq_tail + 1), self.rq_retire.valid.eq(1),
                     pde.has_cqe.eq(1), pde.cqe.qp.eq(v.qp), pde.cqe.is_recv.eq(1),
                     pde.cqe.status.eq(WcStatus.SUCCESS), pde.cqe.opcode.eq(WcOpcode.RECV_RDMA_WITH_IMM),
                     pde.cqe.wr_id.eq(rqe.wr_id),
@@ -1034,7 +1051,7 @@ class RcTransport(wiring.Component):
                                                                      ictx.pd))]
             with m.If(v.msg_end):
                 m.d.comb += [
-                    ns.rq_tail.eq(s.rq_tail + 1),
+                    ns.rq_tail.eq(s.rq_tail + 1), self.rq_retire.valid.eq(1),
                     pde.has_cqe.eq(1), pde.cqe.qp.eq(v.qp), pde.cqe.is_recv.eq(1),
                     pde.cqe.status.eq(WcStatus.SUCCESS), pde.cqe.opcode.eq(WcOpcode.RECV),
                     pde.cqe.wr_id.eq(rqe.wr_id), pde.cqe.byte_len.eq(v.send_total),
@@ -1173,7 +1190,8 @@ class RcTransport(wiring.Component):
             wq = Signal(v.wqe_l)
             m.d.comb += [wq.opcode.eq(wrq.opcode), wq.wr_id.eq(wrq.wr_id), wq.length.eq(wrq.length)]
             m.d.comb += [v.pd_push.eq(1), v.pde.wtag.eq(v.wtag_now), v.pde.has_cqe.eq(1),
-                         *v.cqe_for_wqe(v.pde.cqe, wq, status), self.wr.ready.eq(1)]
+                         *v.cqe_for_wqe(v.pde.cqe, wq, status), self.wr.ready.eq(1),
+                         self.sq_retire.valid.eq(1)]
             m.next = "IDLE"
 
     def _after_rx(self, m, env):
@@ -1259,7 +1277,7 @@ class RcTransport(wiring.Component):
                             ns.retry_left.eq(c.retry_cnt), ns.rnr_left.eq(c.rnr_retry),
                         ]
                         with m.If(lastpkt):
-                            m.d.comb += [ns.sq_tail.eq(s.sq_tail + 1),
+                            m.d.comb += [ns.sq_tail.eq(s.sq_tail + 1), self.sq_retire.valid.eq(1),
                                          v.pd_push.eq(w.signaled), v.pde.wtag.eq(v.wtag_now),
                                          v.pde.has_cqe.eq(1),
                                          *v.cqe_for_wqe(v.pde.cqe, w, WcStatus.SUCCESS)]
