@@ -7,14 +7,18 @@ object with ``async read32(offset)`` and ``async write32(offset, value)`` on the
 Offsets and formats come from the one register map (``stellar.hdl.regmap``) and the field
 tables (``stellar.hdl.flow.fields``); nothing here imports amaranth or cocotb.
 
-Errors speak: a refused command raises :class:`TableError` naming the table, the key and the
-reason, never a bare status code.
+Errors speak: a refused command raises :class:`TableError` (``E6001``; ``FlowTableFull``
+``E6002``) naming the table, the key and the reason, never a bare status code; a memory-region
+command the device does not finish within the poll limit raises ``MrRegistrationTimeout``
+(``E1001``). The classes live in ``stellar.host.errors`` and are re-exported here.
 """
 
 from dataclasses import dataclass
 
 from stellar.hdl.flow.fields import MR_ENTRY, QP_CONTEXT, FlowOp, FlowStatus, make_key
 from stellar.hdl.regmap import REGMAP
+
+from .errors import FlowTableFull, MrRegistrationTimeout, TableError
 
 __all__ = ["TableError", "FlowResult", "FlowTableFull", "Tables"]
 
@@ -24,14 +28,6 @@ QP_READ, QP_WRITE = 1, 2
 VLAN_WRITE, VLAN_READ = 1, 2
 # status register: bit 0 busy everywhere; the "command ignored while busy" bit per block
 _ERROR_BIT = {"flow": 1 << 3, "qpctx": 1 << 1, "mr": 1 << 1}
-
-
-class TableError(RuntimeError):
-    """A table command the device refused or could not complete."""
-
-
-class FlowTableFull(TableError):
-    """The flow table found no room for a new key (table and stash full)."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +63,17 @@ class Tables:
             status = await self._r(f"{block}.status")
             if not status & 1:
                 if status & _ERROR_BIT[block]:
-                    raise TableError(f"{block}: the device ignored a command written while busy")
+                    raise TableError(f"{block}: the device ignored a command written while busy",
+                                     fix="wait for the previous command (status.busy clear) "
+                                         "before writing the next; only one program may drive "
+                                         "the table window at a time", block=block)
                 return status
-        raise TableError(f"{block}: command still busy after {self.poll_limit} status reads")
+        cause = f"{block}: command still busy after {self.poll_limit} status reads"
+        if block == "mr":
+            raise MrRegistrationTimeout(cause, block=block, polls=self.poll_limit)
+        raise TableError(cause, fix="check that the device is alive and out of reset (`stellar "
+                                    "info`); raise poll_limit only for a slow simulated clock",
+                         block=block, polls=self.poll_limit)
 
     # --- geometry ------------------------------------------------------------------------
 
@@ -116,16 +120,19 @@ class Tables:
         r = await self.flow_command(FlowOp.INSERT, tenant, qpn, qp_index)
         if r.status == FlowStatus.EXISTS:
             raise TableError(f"flow (tenant {tenant}, QPN {qpn:#x}) already steers to QP index "
-                             f"{r.value}: delete it first")
+                             f"{r.value}", fix="delete it first (delete_flow)", tenant=tenant,
+                             qpn=qpn, qp_index=r.value)
         if r.status == FlowStatus.FULL:
-            raise FlowTableFull(f"flow table full inserting (tenant {tenant}, QPN {qpn:#x}): delete "
-                                "unused QPs or build with a larger capacity")
+            raise FlowTableFull(f"flow table full inserting (tenant {tenant}, QPN {qpn:#x})",
+                                tenant=tenant, qpn=qpn)
         return r
 
     async def delete_flow(self, tenant, qpn):
         r = await self.flow_command(FlowOp.DELETE, tenant, qpn)
         if r.status == FlowStatus.NOT_FOUND:
-            raise TableError(f"flow (tenant {tenant}, QPN {qpn:#x}) is not in the table")
+            raise TableError(f"flow (tenant {tenant}, QPN {qpn:#x}) is not in the table",
+                             fix="delete only flows inserted before (lookup_flow tells)",
+                             tenant=tenant, qpn=qpn)
         return r
 
     async def lookup_flow(self, tenant, qpn):
