@@ -24,11 +24,21 @@ address and response; a response that does not arrive in time or does not parse 
 :class:`UartBusTimeout` / :class:`UartBusProtocolError` after the bus resynchronized (waited
 out the bridge's idle timeout and the longest response, then discarded what it received), so
 the next access starts clean. Accesses are never retried behind the caller's back: a write to a
-command register is not idempotent.
+command register is not idempotent. These errors are ``DeviceError`` instances from
+``stellar.host.errors`` (codes E5101..E5104) and still ``RuntimeError`` instances.
+
+``UartBus`` is a :class:`stellar.host.device.Device`: the driver awaits it like the PCIe
+backends. A board has no DMA to host memory and no interrupt line on the UART, so
+``alloc_dma`` / ``map_dma`` raise :class:`~stellar.host.errors.DeviceMemoryOnly` (the board's
+device memory regions take their place) and ``wait_irq`` raises
+:class:`~stellar.host.errors.IrqUnavailable` (poll the status registers instead).
 """
 
 import abc
 import asyncio
+
+from .device import PAGE_SIZE, Device
+from .errors import DeviceError, DeviceMemoryOnly, IrqUnavailable
 
 __all__ = ["CMD_WRITE", "CMD_READ", "STATUS_NAMES", "UartBusError", "UartBusTimeout",
            "UartBusProtocolError", "UartBusResponseError", "ByteTransport", "SerialTransport",
@@ -39,29 +49,37 @@ CMD_READ = 0x52    # 'R'
 STATUS_NAMES = {0: "OKAY", 1: "EXOKAY", 2: "SLVERR", 3: "DECERR"}
 
 
-class UartBusError(RuntimeError):
+class UartBusError(DeviceError, RuntimeError):
     """Base of every error the UART bus raises."""
+
+    code = "E5101"
 
 
 class UartBusTimeout(UartBusError):
     """The bridge did not answer (in full) in time."""
 
+    code = "E5102"
+
 
 class UartBusProtocolError(UartBusError):
     """The bridge's answer did not parse (a lost or corrupted byte)."""
+
+    code = "E5103"
 
 
 class UartBusResponseError(UartBusError):
     """The bridge executed the access and the bus answered with an error response."""
 
+    code = "E5104"
+
     def __init__(self, op, addr, status):
-        self.op, self.addr, self.status = op, addr, status
         name = STATUS_NAMES.get(status, f"unknown status {status:#04x}")
         hint = ("the address is unmapped or the register cannot be written (ro/counter); "
                 "`python -m stellar.hdl.regmap --json` lists the map" if status == 2 else
                 "no device decodes this address" if status == 3 else
                 "the bridge reported a status the protocol does not define")
-        super().__init__(f"UART bridge: {op} at {addr:#06x} answered {name}: {hint}")
+        super().__init__(f"UART bridge: {op} at {addr:#06x} answered {name}", fix=hint, op=op,
+                         addr=addr, status=status)
 
 
 class ByteTransport(abc.ABC):
@@ -153,8 +171,9 @@ class SimTransport(ByteTransport):
         await self._discard()
 
 
-class UartBus:
-    """``read32``/``write32`` over the UART bridge.
+class UartBus(Device):
+    """``read32``/``write32`` over the UART bridge (a :class:`~stellar.host.device.Device`
+    without DMA or interrupts).
 
     Parameters
     ----------
@@ -193,6 +212,28 @@ class UartBus:
         reply = await self._reply(2, "write32", addr)
         if reply[1] != 0:
             raise UartBusResponseError("write32", addr, reply[1])
+
+    def alloc_dma(self, size, align=PAGE_SIZE):
+        raise DeviceMemoryOnly(f"alloc_dma({size}): a board behind the UART bridge has no DMA "
+                               "to host memory")
+
+    def map_dma(self, obj):
+        raise DeviceMemoryOnly(f"map_dma({type(obj).__name__}): a board behind the UART bridge "
+                               "has no DMA to host memory")
+
+    def unmap_dma(self, buf):
+        raise DeviceMemoryOnly("unmap_dma: a board behind the UART bridge maps no host memory")
+
+    async def wait_irq(self, vector, timeout=None):
+        raise IrqUnavailable(f"wait_irq({vector}): the UART bridge carries no interrupts",
+                             fix="poll the completion / status registers instead (read32)",
+                             vector=vector)
+
+    async def close(self):
+        """Close the transport (a serial port); a simulation's transport has nothing to close."""
+        close = getattr(self.transport, "close", None)
+        if close is not None:
+            close()
 
     async def resync(self):
         """Bring the bridge and this side back in step: wait until the bridge abandoned any
