@@ -118,8 +118,7 @@ def test_tables_mr_timeout_is_e1001_and_flow_timeout_is_table_error():
 
 
 def test_uartbus_errors_in_hierarchy():
-    from stellar.host.uartbus import (UartBusError, UartBusProtocolError, UartBusResponseError,
-                                      UartBusTimeout)
+    from stellar.host.uartbus import UartBusError, UartBusProtocolError, UartBusResponseError, UartBusTimeout
     for cls in (UartBusError, UartBusTimeout, UartBusProtocolError, UartBusResponseError):
         assert issubclass(cls, errors.DeviceError) and issubclass(cls, RuntimeError)
     e = UartBusResponseError("write32", 0x0004, 2)
