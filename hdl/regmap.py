@@ -81,6 +81,7 @@ __all__ = [
     "FEATURE_TRANSPORT", "FEATURE_CC", "cc_block", "cc_config", "CC_CLASSES",
     "FEATURE_MAC", "FEATURE_WQ", "mac_block", "wq_block", "wq_config", "MAC_COUNTERS",
     "WQ_WR_WORDS", "WQ_RR_WORDS", "WQ_CQ_WORDS",
+    "FEATURE_HOSTQ", "hostq_block", "hostq_config", "HOSTQ_WORDS", "HostqCommand",
     "BLOCKS", "REGMAP",
 ]
 
@@ -104,6 +105,7 @@ FEATURE_TRANSPORT = 5
 FEATURE_CC = 6
 FEATURE_MAC = 7
 FEATURE_WQ = 8
+FEATURE_HOSTQ = 9
 
 FEATURE_NAMES = {
     FEATURE_PKTENGINE: "pktengine",
@@ -114,6 +116,7 @@ FEATURE_NAMES = {
     FEATURE_CC: "cc",
     FEATURE_MAC: "mac",
     FEATURE_WQ: "wq",
+    FEATURE_HOSTQ: "hostq",
 }
 
 
@@ -801,9 +804,89 @@ def wq_block(name="wq", base=0x0800):
     ], feature=FEATURE_WQ)
 
 
+# --- host queues ------------------------------------------------------------------------------
+
+HOSTQ_WORDS = 5     # wdata0..4 / rdata0..4 of the hostq table window
+
+
+class HostqCommand:
+    """Values of ``hostq.command`` (plain ints: this module does not import amaranth)."""
+    WRITE_SQ = 1
+    WRITE_RQ = 2
+    WRITE_CQ = 3
+    READ_SQ = 5
+    READ_RQ = 6
+    READ_CQ = 7
+
+
+def hostq_config(qps, cqs, sq_depth, rq_depth):
+    """Value the gateware drives on ``hostq.config``."""
+    return _log2(qps) | (_log2(cqs) << 8) | (_log2(sq_depth) << 16) | (_log2(rq_depth) << 24)
+
+
+def hostq_block(name="hostq", base=0x0900):
+    """Host queues (stellar.hdl.hostif.queues): doorbells, ring tables, counters."""
+    return Block(name, base, 1, "Host queues (stellar.hdl.hostif.queues): send, receive and "
+                 "completion rings in host memory (formats: stellar.hdl.hostif.formats), "
+                 "doorbells, MSI moderation. Ring tables through the window: fill wdata*, write "
+                 "index (QP or CQ), then command (HostqCommand: 1/2/3 write the SQ/RQ/CQ "
+                 "configuration, 5/6/7 read it and its indexes into rdata*); poll status.busy. "
+                 "A configuration write resets the ring (indexes to its start index, CQ disarmed, "
+                 "SQ/RQ credits full): do it while the ring is idle. Words: wdata1:wdata0 = ring bus address "
+                 "(aligned to the ring's size in bytes, at least 64); wdata2 bits 3:0 = log2 "
+                 "entries (at most 15), bit 8 = enabled, bits 31:16 = the CQ of an SQ/RQ or the "
+                 "MSI vector of a CQ; wdata3: SQ/RQ bits 15:0 = start index (producer and fetch "
+                 "index), CQ bits 15:0 = moderation count (an interrupt after this many CQEs, 0 as "
+                 "1) and bits 31:16 = start index (producer and consumer); wdata4 bits 23:0 = CQ "
+                 "moderation time in clocks (an "
+                 "interrupt at most this long after the first CQE, 0: no time limit). rdata0..2 "
+                 "read back as written; SQ/RQ: rdata3 = last doorbell index | fetch index << 16, "
+                 "rdata4 = WQEs posted | credits returned << 16 (the difference is in the "
+                 "transport); CQ: rdata3 = producer | consumer << 16, rdata4 = bit 0 armed, bit 1 "
+                 "timer running, 31:16 CQEs since arming.", [
+        Register("config", 0x00, 32, "ro", "Build configuration: bits 7:0 log2(QPs), 15:8 "
+                 "log2(CQs), 23:16 log2(on-chip send-queue depth = SQ credits per QP), 31:24 "
+                 "log2(receive-queue depth = RQ credits per QP)."),
+        _clear(),
+        Register("sq_doorbell", 0x08, 32, "command", "Send-queue doorbell (write-only, "
+                 "stellar.hdl.hostif.formats.SQ_DOORBELL: bits 15:0 new producer index, 31:16 QP): "
+                 "every WQE before the index is posted."),
+        Register("rq_doorbell", 0x0C, 32, "command", "Receive-queue doorbell (write-only, "
+                 "RQ_DOORBELL: bits 15:0 producer index, 31:16 QP)."),
+        Register("cq_doorbell", 0x10, 32, "command", "Completion-queue doorbell (write-only, "
+                 "CQ_DOORBELL: bits 15:0 new consumer index, 30:16 CQ, 31 arm: one interrupt for "
+                 "the next completions, after moderation)."),
+        Register("index", 0x14, 16, "rw", "QP or CQ index of the next table command."),
+        Register("command", 0x18, 3, "command", "Table command (HostqCommand): 1 write SQ, 2 "
+                 "write RQ, 3 write CQ, 5 read SQ, 6 read RQ, 7 read CQ; ignored (status.error) "
+                 "while busy or out of range."),
+        Register("status", 0x1C, 2, "ro", "Bit 0 busy; bit 1 error: the last command was "
+                 "ignored (written while busy, unknown, or index out of range)."),
+        *_data_window("wdata", 0x20, HOSTQ_WORDS, "rw", "Table write data"),
+        _counter("sq_wqes", 0x40, "Send WQEs fetched from host memory."),
+        _counter("rq_wqes", 0x44, "Receive WQEs fetched from host memory."),
+        _counter("wqe_reads", 0x48, "DMA reads of WQEs (each fetches one or more)."),
+        _counter("cqes", 0x4C, "CQEs written to host memory."),
+        _counter("doorbells", 0x50, "Doorbell writes (SQ, RQ and CQ)."),
+        _counter("doorbell_overflows", 0x54, "SQ/RQ doorbells whose wake-up did not fit the "
+                 "doorbell FIFO: none is lost (the index is stored at once), every queue is "
+                 "rescanned instead."),
+        _counter("doorbell_invalid", 0x58, "SQ/RQ doorbells ignored: QP out of range, ring not "
+                 "enabled, or an index more than the ring size ahead of the fetch index; CQ "
+                 "doorbells for a CQ out of range."),
+        _counter("cq_full", 0x5C, "Completions that found their CQ full (producer - consumer "
+                 "== size) and waited for a CQ doorbell (each counted once)."),
+        _counter("cqe_dropped", 0x60, "Completions dropped: the QP's CQ is out of range or not "
+                 "enabled."),
+        _counter("msis", 0x64, "MSI requests sent."),
+        *_data_window("rdata", 0x80, HOSTQ_WORDS, "ro", "Table read data"),
+    ], feature=FEATURE_HOSTQ)
+
+
 # Every feature block of the design, in any order. New blocks are appended here.
 # ``mac`` and ``wq`` are implemented by the board tops (stellar.hdl.boards.top); in a bare
 # NicCore their registers exist but read 0 (no MAC, queues are the s_axis_wr/rr, m_axis_cq ports).
+# ``hostq`` is implemented by stellar.hdl.hostif.queues.HostQueues (stellar.hdl.top.hostq).
 BLOCKS = [
     pktengine_block(),
     flow_block(),
@@ -813,6 +896,7 @@ BLOCKS = [
     cc_block(),
     mac_block(),
     wq_block(),
+    hostq_block(),
 ]
 
 REGMAP = RegisterMap(BLOCKS)
