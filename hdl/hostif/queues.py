@@ -34,6 +34,9 @@ several arms before the next CQE are one arm). The CSR bank performs at most one
 other clock (``AxiLiteCsrBank``), which the doorbell path's two-clock read-modify-write of the
 CQ doorbell RAM relies on.
 
+After a reset both machines first clear their state RAMs (``2 * qps`` and ``cqs`` clocks): every
+ring is disabled until the host configures it again (table commands wait meanwhile).
+
 Fetch machine (one event at a time, 3 clocks each: pick, read, decide). Events, by priority:
 a table command for an SQ/RQ; a kick (or the next queue of a rescan): if the queue has posted
 WQEs it joins the round-robin FIFO of active queues (once: a ``queued`` bit); a visit: the queue
@@ -388,7 +391,14 @@ class HostQueues(wiring.Component):
         m.d.comb += n.eq(vmin(work, credits, room, to_end, Const(self.max_batch, 16)))
 
         stale = Signal()
-        with m.FSM(name="fetch"):
+        with m.FSM(name="fetch", init="CLEAR"):
+            with m.State("CLEAR"):
+                # After a reset the RAMs keep their contents but the FIFOs are empty: every
+                # queue is disabled and leaves the round robin (2 * qps clocks).
+                m.d.comb += [qst_wr.en.eq(1), qst_wr.data.eq(0)]
+                m.d.sync += fq.eq(fq + 1)
+                with m.If(fq == QN - 1):
+                    m.next = "IDLE"
             with m.State("IDLE"):
                 with m.If(busy & ~is_cq_cmd):
                     m.d.sync += [fev.eq(0), fq.eq(qid(cmd_idx, (cmd == HostqCommand.WRITE_RQ)
@@ -617,7 +627,14 @@ class HostQueues(wiring.Component):
         m.d.comb += cqe_addr.eq(Cat(Const(0, BASE_SHIFT), st.base)
                                 + ((st.pi & (csize - 1)) << exact_log2(CQE_BYTES)))
 
-        with m.FSM(name="complete"):
+        with m.FSM(name="complete", init="CLEAR"):
+            with m.State("CLEAR"):
+                # every CQ disabled, disarmed, its timer stopped (cqs clocks after a reset)
+                m.d.comb += [cqst_wr.en.eq(1), cqst_wr.data.eq(0), tmr_wr.en.eq(1),
+                             tmr_wr.data.eq(0), ack_wr.en.eq(1), ack_wr.data.eq(0)]
+                m.d.sync += ci_.eq(ci_ + 1)
+                with m.If(ci_ == self.cqs - 1):
+                    m.next = "IDLE"
             with m.State("IDLE"):
                 cmd_here = busy & is_cq_cmd
                 with m.If(cmd_here):
