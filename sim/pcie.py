@@ -1,0 +1,158 @@
+"""The simulated PCIe host: cocotbext-pcie's ``RootComplex`` with its host memory
+(``mem_pool``), the ``UltraScalePlusPcieDevice`` hard-block model bound to a
+``stellar_pcie_usp`` top, enumeration, BAR0 and MSI.
+
+:class:`SimPcieDevice` is the host driver's device interface on this backend (the VFIO backend
+in ``stellar.host`` has the same one)::
+
+    dev = await SimPcieDevice.attach(dut)                   # enumerate, BAR0, bus master, MSI
+    await dev.write32(offset, value); value = await dev.read32(offset)    # BAR0
+    buf = dev.alloc_dma(size, align=4096)                   # buf.bus_addr, buf.view
+    await dev.wait_irq(vector, timeout_ns=10_000)           # MSI ``vector`` arrived
+
+The model drives ``clk`` (its ``user_clk``, 250 MHz) and ``rst`` (``user_reset``) itself, as
+the hard block does; a testbench must not start its own clock on ``clk``.
+"""
+
+import logging
+
+from cocotb.triggers import FallingEdge, Timer, with_timeout
+from cocotbext.axi import AxiStreamBus
+from cocotbext.pcie.core import RootComplex
+from cocotbext.pcie.xilinx.us import UltraScalePlusPcieDevice
+
+__all__ = ["SimPcieDevice", "DmaBuffer", "PcieError", "BAR0_SIZE"]
+
+BAR0_SIZE = 1 << 16           # the CSR map's 16-bit address space
+MSI_VECTORS = 32
+
+# hard-block MSI inputs the model reads if present (stellar_pcie_usp drives them to 0)
+_MSI_SIGNALS = ("enable", "mmenable", "int", "sent", "fail", "select", "pending_status",
+                "pending_status_data_enable", "pending_status_function_num", "attr",
+                "tph_present", "tph_type", "tph_st_tag", "function_number")
+
+
+class PcieError(RuntimeError):
+    """A BAR access the device refused (completion status not SC) or a missing interrupt."""
+
+
+class DmaBuffer:
+    """Host memory the device may reach by DMA: ``bus_addr`` (what the device is told) and
+    ``view`` (a writable ``memoryview`` of the same bytes, no copy)."""
+
+    def __init__(self, region, offset, size):
+        self.region = region
+        self.bus_addr = region.get_absolute_address(offset)
+        self.size = size
+        self.view = memoryview(region.mem)[offset:offset + size]
+
+    def __len__(self):
+        return self.size
+
+
+class SimPcieDevice:
+    """A ``stellar_pcie_usp`` top behind a simulated root complex (see the module docstring).
+
+    Parameters: ``mps`` / ``mrrs`` (max payload and max read request size, bytes, programmed
+    into the device by enumeration), ``rcb_split`` (the root complex cuts every read completion
+    at the 64-byte read completion boundary instead of at the max payload size),
+    ``pause`` (probability of a stalled cycle on every stream the model drives or takes:
+    CQ, RC sources and RQ, CC sinks), ``seed_name`` prefix of the pause generators.
+    """
+
+    def __init__(self, dut, *, mps=256, mrrs=512, rcb_split=True, pause=0.0, log_level=logging.WARNING):
+        self.dut = dut
+        self.log = logging.getLogger("cocotb.pcie")
+        self.rc = RootComplex()
+        self.rc.max_payload_size = (mps // 128 - 1).bit_length()
+        self.rc.max_read_request_size = (mrrs // 128 - 1).bit_length()
+        self.rc.split_on_all_rcb = rcb_split
+        msi = {f"cfg_interrupt_msi_{n}": getattr(dut, f"cfg_interrupt_msi_{n}") for n in _MSI_SIGNALS
+               if hasattr(dut, f"cfg_interrupt_msi_{n}")}
+        self.model = UltraScalePlusPcieDevice(
+            # 64-bit interface at 250 MHz: Gen3 x2 (16 Gb/s each way, one 64-bit beat a clock)
+            pcie_generation=3, pcie_link_width=2, user_clk_frequency=250e6, alignment="dword",
+            max_payload_size=1024, enable_client_tag=True, enable_extended_tag=False,
+            pf0_msi_enable=True, pf0_msi_count=MSI_VECTORS,
+            user_clk=dut.clk, user_reset=dut.rst,
+            rq_bus=AxiStreamBus.from_prefix(dut, "m_axis_rq"),
+            rc_bus=AxiStreamBus.from_prefix(dut, "s_axis_rc"),
+            cq_bus=AxiStreamBus.from_prefix(dut, "s_axis_cq"),
+            cc_bus=AxiStreamBus.from_prefix(dut, "m_axis_cc"),
+            pcie_cq_np_req=dut.pcie_cq_np_req,
+            cfg_max_payload=dut.cfg_max_payload, cfg_max_read_req=dut.cfg_max_read_req,
+            **msi)
+        for lg in (self.model.log, self.rc.log, self.model.rq_sink.log, self.model.rc_source.log,
+                   self.model.cq_source.log, self.model.cc_sink.log):
+            lg.setLevel(log_level)
+        self.model.functions[0].configure_bar(0, BAR0_SIZE)
+        self.rc.make_port().connect(self.model)
+        if pause:
+            from .tb import pause_generator
+            for name, port in (("cq", self.model.cq_source), ("rc", self.model.rc_source),
+                               ("rq", self.model.rq_sink), ("cc", self.model.cc_sink)):
+                port.set_pause_generator(pause_generator(pause, name=f"pcie.{name}"))
+        self.pdev = None
+        self.bar0 = None
+        self.irq_count = 0
+
+    @classmethod
+    async def attach(cls, dut, **kw):
+        """Build the host, wait for the hard block's reset to end, enumerate, enable memory
+        space and bus mastering, allocate the MSI vectors; returns the device."""
+        dev = cls(dut, **kw)
+        await dev.enumerate()
+        return dev
+
+    async def enumerate(self):
+        await FallingEdge(self.dut.rst)
+        await Timer(100, "ns")
+        await self.rc.enumerate()
+        self.pdev = self.rc.find_device(self.model.functions[0].pcie_id)
+        await self.pdev.enable_device()
+        await self.pdev.set_master()
+        await self.pdev.alloc_irq_vectors(MSI_VECTORS, MSI_VECTORS)
+        self.bar0 = self.pdev.bar_window[0]
+        self.log.info("device %s: BAR0 at %#x, %d MSI vectors", self.pdev.pcie_id,
+                      self.pdev.bar_addr[0], len(self.pdev.msi_vectors))
+
+    # ------------------------------------------------------------------ the device interface
+    async def read32(self, offset):
+        """One 32-bit read of BAR0 at byte ``offset``. Raises :class:`PcieError` if the device
+        answers with an unsuccessful completion (an unmapped register)."""
+        try:
+            return await self.bar0.read_dword(offset)
+        except Exception as e:      # cocotbext-pcie raises a plain Exception
+            if "Unsuccessful completion" in str(e):
+                raise PcieError(f"BAR0 read at {offset:#06x} refused by the device (completion "
+                                f"status not SC): no register there; check the offset against "
+                                f"stellar.hdl.regmap") from None
+            raise
+
+    async def write32(self, offset, value):
+        """One 32-bit posted write to BAR0 at byte ``offset``."""
+        await self.bar0.write_dword(offset, value)
+
+    def alloc_dma(self, size, align=4096):
+        """``size`` bytes of host memory aligned to ``align`` (a power of two)."""
+        if align & (align - 1):
+            raise ValueError(f"alignment {align} is not a power of two")
+        n = max(size, align, 64)
+        n = 1 << (n - 1).bit_length()      # the pool's buddy allocator aligns to the block size
+        region = self.rc.mem_pool.alloc_region(n)
+        return DmaBuffer(region, 0, size)
+
+    async def wait_irq(self, vector, timeout_ns=None):
+        """Wait for MSI ``vector`` (returns at once if it arrived since the last wait on it)."""
+        event = self.pdev.msi_vectors[vector].event
+        if timeout_ns is None:
+            await event.wait()
+        else:
+            try:
+                await with_timeout(event.wait(), timeout_ns, "ns")
+            except Exception as e:
+                if type(e).__name__ == "SimTimeoutError":
+                    raise PcieError(f"MSI vector {vector} did not arrive within {timeout_ns} ns") from None
+                raise
+        event.clear()
+        self.irq_count += 1
