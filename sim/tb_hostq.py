@@ -34,7 +34,6 @@ from cocotbext.axi import (
     AxiStreamSink,
     AxiStreamSource,
 )
-
 from stellar.hdl.hostif.formats import CQ_DOORBELL, CQE, RQ_DOORBELL, RQ_WQE, SQ_DOORBELL, SQ_WQE, cqe_owner
 from stellar.hdl.regmap import REGMAP, HostqCommand
 from stellar.hdl.transport.formats import COMPLETION, RECV_REQUEST, WORK_REQUEST, WrOpcode
