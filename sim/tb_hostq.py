@@ -345,7 +345,8 @@ async def random_rings(dut):
             if rng.random() < 0.3:
                 await tb.poll_cq(rng.randrange(tb.cqs), arm=rng.random() < 0.3)
             await tb.cycles(rng.randint(0, 20))
-        while any(tb.expect_cqe.values()) or tb.delivered < tb.posted:
+        while (any(tb.expect_cqe.values()) or any(tb.onchip.values())
+               or tb.delivered < tb.posted):
             for cq in range(tb.cqs):
                 await tb.poll_cq(cq, arm=rng.random() < 0.2)
             await tb.cycles(rng.randint(0, 30))
