@@ -120,13 +120,13 @@ def frame_beats(frame_dws):
 
 
 @pytest.mark.parametrize("mrrs", [0, 2])
-@pytest.mark.parametrize("seed", run_seeds([1, 2]))
+@pytest.mark.parametrize("seed", run_seeds([1]))
 def test_reads_split_and_reorder(seed, mrrs):
     rng = seeded_rng(f"pcie-reads-mrrs{mrrs}", seed)
     mem = bytes(rng.getrandbits(8) for _ in range(1 << 16))
     chunk = min(128 << mrrs, SLOT)
     bursts = []
-    for _ in range(40):
+    for _ in range(30):
         beats = rng.choice((1, 2, 3, 8, rng.randint(1, 64)))
         a = rng.randrange(0, (1 << 16) - 4096)
         first = a // 8
@@ -275,14 +275,14 @@ def test_reads_split_and_reorder(seed, mrrs):
 
 
 @pytest.mark.parametrize("mps", [0, 1])
-@pytest.mark.parametrize("seed", run_seeds([1, 2]))
+@pytest.mark.parametrize("seed", run_seeds([1]))
 def test_writes_split(seed, mps):
     rng = seeded_rng(f"pcie-writes-mps{mps}", seed)
     mps_bytes = 128 << mps
     size = 1 << 15
     mem0 = bytes(rng.getrandbits(8) for _ in range(size))
     bursts = []
-    for _ in range(30):
+    for _ in range(24):
         length = rng.choice((1, 3, 4, 8, 13, rng.randint(1, 600), rng.randint(1, 2048)))
         addr = rng.randrange(0, size - length)
         if addr // 4096 != (addr + length - 1) // 4096:
@@ -400,13 +400,13 @@ def test_writes_split(seed, mps):
 MAPPED = 0x400  # registers below this answer; above, SLVERR
 
 
-@pytest.mark.parametrize("seed", run_seeds([1, 2, 3]))
+@pytest.mark.parametrize("seed", run_seeds([1]))
 def test_mmio(seed):
     rng = seeded_rng("pcie-mmio", seed)
     regs = {a: rng.getrandbits(32) for a in range(0, MAPPED, 4)}
     model = dict(regs)
     reqs = []
-    for tag in range(60):
+    for tag in range(40):
         kind = rng.choice(("r1", "r2", "w", "w", "r3", "bar1", "unmapped"))
         off = rng.randrange(0, MAPPED - 16, 4)
         if kind == "unmapped":
@@ -464,7 +464,7 @@ def test_mmio(seed):
         ls = Lockstep(ctx, samples)
         beats = deque()
         for r in reqs:
-            beats.extend(cq_frame(*r))
+            beats.extend((*b, r[0] in ("r1", "r2")) for b in cq_frame(*r))
         cc_beats, got = [], []
         aw = w = None
         b_pending = r_pending = None
@@ -488,11 +488,11 @@ def test_mmio(seed):
             if r_pending is not None:
                 drive.update(Drive([(axil.rdata, r_pending[0]), (axil.rresp, r_pending[1])]))
             if beats:
-                bd, bk, bl, bu = beats[0]
+                bd, bk, bl, bu, _ = beats[0]
                 drive.update(Drive([(cq.tdata, bd), (cq.tkeep, bk), (cq.tlast, bl), (cq.tuser, bu)]))
             (cqr, ccv, ccd, cck, ccl, awv, awa, wv, wd, ws, br, arv, ara, rr) = await ls.step(drive)
             if drive[cq.tvalid] and cqr:
-                if first:
+                if first and beats[0][4]:
                     cq_t = ls.t
                 first = bool(beats[0][2])
                 beats.popleft()
@@ -517,6 +517,7 @@ def test_mmio(seed):
             if ccv and drive[cc.tready]:
                 if not cc_beats and cq_t is not None:
                     lat.append(ls.t - cq_t)
+                    cq_t = None
                 cc_beats.append((ccd, cck))
                 if ccl:
                     d = [x for bd, bk in cc_beats for x in dws(bd, bk)]
@@ -556,7 +557,7 @@ def test_mmio(seed):
     run(dut, bench)
     assert result, "bench did not finish"
     print(
-        f"MMIO: CQ request -> CC completion {min(result['lat'])} clocks minimum "
+        f"MMIO: CQ read request -> CC completion {min(result['lat'])} clocks minimum "
         f"(AXI4-Lite with random stalls)"
     )
 
