@@ -10,9 +10,11 @@ per flow, DCQCN and FlowMatrix side by side; the switch queue) under ``build/ben
 
 Setup (``stellar.sim.tb_cc``): two 64-bit NIC cores; NIC A sends 16 KiB RDMA WRITEs on N QPs to
 NIC B through a switch port that drains at half of A's line rate and marks CE with RED (Kmin 4000
-B, Kmax 16000 B, Pmax 0.2); time compressed to 10 cycles per microsecond (line 640 Mb/s, port 320
-Mb/s) with DCQCN timers shortened to match (rate timer 60 us, alpha period 20 us, byte counter
-16 KiB, AI 8 / HAI 40 Mb/s; CNPs at most every 10 us per QP).
+B, Kmax 16000 B, Pmax 0.2). Incast time base: 125 cycles per microsecond (a 125 MHz clock: line
+8 Gb/s, port 4 Gb/s) with the DCQCN timers shortened so a run of 200k cycles (1.6 ms) holds
+many of them (``tb_cc.INCAST_DCQCN``: rate timer 20 us, alpha period 10 us, byte counter 16 KiB,
+AI 40 / HAI 200 Mb/s; CNPs at most every 4 us per QP). The bucket, tenant and priority cases
+run at 10 cycles per microsecond (line 640 Mb/s), the CNP latency case at 250.
 
 Convergence time: the first sample of the reaction points' rates after which their Jain index
 stays >= 0.95 to the end of the run. Jain index and utilization: wire rates over the second half.

@@ -178,6 +178,25 @@ class CcHarness(TB):
         span = t_to - t_from
         return {q: b * 8 * self.us_cycles / span for q, b in out.items()}
 
+    def paced_rate_between(self, t_from, t_to):
+        """Total wire rate (Mb/s) of the flows between cycles ``t_from`` and ``t_to``, measured
+        frame to frame: the bytes of every frame after the first that leaves in the window,
+        over the time from the first one's departure to the last one's. A paced sender's rate
+        without the error of cutting the window mid-gap (up to one frame per window, 6 % at
+        64 Mb/s over 3 ms of 1 KiB frames)."""
+        out = []
+        for r in self.switch.ab.history:
+            if r.cycle_out is None or r.dest_qp is None or r.opcode in (0x11, 0x81):
+                continue
+            t = r.cycle_out - self.t0
+            if t_from <= t < t_to and r.dest_qp - QPN_BASE["b"] in {f.index for f in self.flows}:
+                out.append((t, r.length + self.switch.ab.config.overhead))
+        out.sort()
+        if len(out) < 2 or out[-1][0] == out[0][0]:
+            return 0.0
+        nbytes = sum(b for _, b in out[1:])
+        return nbytes * 8 * self.us_cycles / (out[-1][0] - out[0][0])
+
     async def counters(self):
         out = {}
         for s in ("a", "b"):
@@ -402,8 +421,7 @@ async def bucket_accuracy(dut):
         await h.qos["a"].set_tenant(1, cap_mbps=cap)
         t_from = h.cycle() - h.t0 + span // 4
         await h.run(span, sample_every=span)
-        r = h.rates_between(t_from, h.cycle() - h.t0)
-        got = sum(r.values())
+        got = h.paced_rate_between(t_from, h.cycle() - h.t0)
         results.append({"cap": cap, "measured": got, "error": got / cap - 1})
         h.log.info("cap %d Mb/s: measured %.1f Mb/s (%+.2f %%)", cap, got, 100 * (got / cap - 1))
     await h.drain()
