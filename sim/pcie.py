@@ -8,7 +8,11 @@ in ``stellar.host`` has the same one)::
     dev = await SimPcieDevice.attach(dut)                   # enumerate, BAR0, bus master, MSI
     await dev.write32(offset, value); value = await dev.read32(offset)    # BAR0
     buf = dev.alloc_dma(size, align=4096)                   # buf.bus_addr, buf.view
-    await dev.wait_irq(vector, timeout_ns=10_000)           # MSI ``vector`` arrived
+    buf = dev.map_dma(numpy_array)                          # the array itself, zero-copy
+    await dev.wait_irq(vector, timeout=10e-6)               # MSI ``vector`` arrived
+
+It is a :class:`stellar.host.device.Device`, so the host driver runs on it unchanged; its
+``timeout`` is simulated time.
 
 The model drives ``clk`` (its ``user_clk``, 250 MHz) and ``rst`` (``user_reset``) itself, as
 the hard block does; a testbench must not start its own clock on ``clk``.
@@ -18,10 +22,13 @@ import logging
 
 from cocotb.triggers import FallingEdge, Timer, with_timeout
 from cocotbext.axi import AxiStreamBus
+from cocotbext.axi.address_space import MemoryRegion
 from cocotbext.pcie.core import RootComplex
 from cocotbext.pcie.xilinx.us import UltraScalePlusPcieDevice
+from stellar.host.device import PAGE_SIZE, Device, DmaBuffer, dma_view
+from stellar.host.errors import DeviceError, IrqTimeout
 
-__all__ = ["SimPcieDevice", "DmaBuffer", "PcieError", "BAR0_SIZE"]
+__all__ = ["SimPcieDevice", "PcieError", "BAR0_SIZE"]
 
 BAR0_SIZE = 1 << 16           # the CSR map's 16-bit address space
 MSI_VECTORS = 32
@@ -32,25 +39,26 @@ _MSI_SIGNALS = ("enable", "mmenable", "int", "sent", "fail", "select", "pending_
                 "tph_present", "tph_type", "tph_st_tag", "function_number")
 
 
-class PcieError(RuntimeError):
-    """A BAR access the device refused (completion status not SC) or a missing interrupt."""
+class PcieError(DeviceError, RuntimeError):
+    """A BAR access the device refused (completion status not SC)."""
+
+    code = "E5010"
+    default_fix = "check the offset against stellar.hdl.regmap (python -m stellar.hdl.regmap --json)"
 
 
-class DmaBuffer:
-    """Host memory the device may reach by DMA: ``bus_addr`` (what the device is told) and
-    ``view`` (a writable ``memoryview`` of the same bytes, no copy)."""
+class _ViewRegion(MemoryRegion):
+    """Simulated host memory over a buffer the program owns (``map_dma``): the root complex's
+    DMA reads and writes go straight to it."""
 
-    def __init__(self, region, offset, size):
-        self.region = region
-        self.bus_addr = region.get_absolute_address(offset)
-        self.size = size
-        self.view = memoryview(region.mem)[offset:offset + size]
-
-    def __len__(self):
-        return self.size
+    async def _read(self, address, length, **kwargs):
+        return bytes(self.mem[address:address + length])
 
 
-class SimPcieDevice:
+def _pow2(n):
+    return 1 << (max(n, 1) - 1).bit_length()
+
+
+class SimPcieDevice(Device):
     """A ``stellar_pcie_usp`` top behind a simulated root complex (see the module docstring).
 
     Parameters: ``mps`` / ``mrrs`` (max payload and max read request size, bytes, programmed
@@ -133,26 +141,54 @@ class SimPcieDevice:
         """One 32-bit posted write to BAR0 at byte ``offset``."""
         await self.bar0.write_dword(offset, value)
 
-    def alloc_dma(self, size, align=4096):
-        """``size`` bytes of host memory aligned to ``align`` (a power of two)."""
+    def alloc_dma(self, size, align=PAGE_SIZE):
+        """``size`` bytes of zeroed host memory aligned to ``align`` (a power of two)."""
         if align & (align - 1):
             raise ValueError(f"alignment {align} is not a power of two")
-        n = max(size, align, 64)
-        n = 1 << (n - 1).bit_length()      # the pool's buddy allocator aligns to the block size
-        region = self.rc.mem_pool.alloc_region(n)
-        return DmaBuffer(region, 0, size)
+        # the pool's buddy allocator aligns every region to its (power-of-two) size
+        region = self.rc.mem_pool.alloc_region(_pow2(max(size, align, 64)))
+        return DmaBuffer(self, region.get_absolute_address(0), memoryview(region.mem)[:size],
+                         backing=region)
 
-    async def wait_irq(self, vector, timeout_ns=None):
-        """Wait for MSI ``vector`` (returns at once if it arrived since the last wait on it)."""
+    def map_dma(self, obj):
+        """Map an existing buffer (numpy array, bytearray, mmap) into the simulated bus, zero-copy:
+        the device's DMA reads and writes reach ``obj``'s own memory."""
+        view = dma_view(obj)
+        pool = self.rc.mem_pool
+        n = _pow2(max(view.nbytes, PAGE_SIZE))
+        base = pool.allocator.alloc(n)
+        region = _ViewRegion(view.nbytes, mem=view)
+        pool.register_region(region, base)
+        return DmaBuffer(self, region.get_absolute_address(0), view, obj=obj, backing=region)
+
+    def unmap_dma(self, buf):
+        """The device can no longer reach ``buf`` (its bus range is not handed out again: the
+        simulated pool's allocator cannot free)."""
+        pool = self.rc.mem_pool
+        pool.regions = [r for r in pool.regions if r[3] is not buf.backing]
+        if buf.obj is not None:
+            buf.release()
+        else:
+            buf.mapped = False
+
+    async def wait_irq(self, vector, timeout=None):
+        """Wait for MSI ``vector``; returns how many arrived since the last wait on it (the
+        model counts none, so 1). ``timeout``: simulated seconds."""
         event = self.pdev.msi_vectors[vector].event
-        if timeout_ns is None:
+        if timeout is None:
             await event.wait()
         else:
             try:
-                await with_timeout(event.wait(), timeout_ns, "ns")
+                await with_timeout(event.wait(), round(timeout * 1e9), "ns")
             except Exception as e:
                 if type(e).__name__ == "SimTimeoutError":
-                    raise PcieError(f"MSI vector {vector} did not arrive within {timeout_ns} ns") from None
+                    raise IrqTimeout(f"MSI vector {vector} did not arrive within {timeout * 1e6:g} "
+                                     "us of simulated time", vector=vector) from None
                 raise
         event.clear()
         self.irq_count += 1
+        return 1
+
+    async def close(self):
+        """Nothing to release in simulation beyond the mappings (dropped with the simulator)."""
+        self.bar0 = None
