@@ -61,6 +61,7 @@ verilog: $(STAMP)
 	$(BIN)/python -m stellar.hdl.top.rxflow --width $(WIDTH) --qps $(QPS) -o build/verilog
 	$(BIN)/python -m stellar.hdl.top.nic --width $(WIDTH) -o build/verilog
 	$(BIN)/python -m stellar.hdl.top.nic --width $(WIDTH) --two -o build/verilog
+	$(BIN)/python -m stellar.hdl.top.pcie -o build/verilog
 
 # An ECP5 board bitstream with the open toolchain (amaranth-boards, YoWASP Yosys/nextpnr/ecppack):
 # bitstream, nextpnr report and summary (LUT4/FF/EBR/DSP, fmax per clock domain) in build/<BOARD>/.

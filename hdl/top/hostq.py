@@ -37,9 +37,6 @@ Verilog ports (single-underscore AXI names), ``W`` = data width:
 ``python -m stellar.hdl.top.hostq --width 64|512 -o build/verilog`` writes the Verilog.
 """
 
-import argparse
-from pathlib import Path
-
 from amaranth.back import verilog
 from amaranth.hdl import Module
 from amaranth.lib import wiring
@@ -53,6 +50,7 @@ from ..dma.engine import Dma
 from ..hostif.axi_arbiter import Axi4Arbiter
 from ..hostif.queues import HostQueues
 from ..regmap import REGMAP
+from .cli import verilog_main
 from .dma import CmdAxisSignature
 from .nic import CQ_BITS, RR_BITS, WR_BITS
 
@@ -151,15 +149,7 @@ def convert(width=64, **kw):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m stellar.hdl.top.hostq",
-                                 description="Write the stellar_hostq Verilog top.")
-    ap.add_argument("--width", type=int, default=64, choices=(64, 512), help="data width in bits")
-    ap.add_argument("-o", "--output", default="build/verilog", help="output folder")
-    args = ap.parse_args(argv)
-    out = Path(args.output) / f"{TOP_NAME}_w{args.width}.v"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(convert(args.width))
-    print(f"wrote {out}")
+    verilog_main(TOP_NAME, convert, argv, module="stellar.hdl.top.hostq")
 
 
 if __name__ == "__main__":

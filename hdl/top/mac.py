@@ -26,9 +26,6 @@ Verilog ports (single-underscore names, DESIGN.md):
 ``python -m stellar.hdl.top.mac --width 64 -o build/verilog`` writes the Verilog.
 """
 
-import argparse
-from pathlib import Path
-
 from amaranth.back import verilog
 from amaranth.hdl import ClockDomain, ClockSignal, Module, ResetSignal
 from amaranth.lib import wiring
@@ -39,6 +36,7 @@ from ..axil import FlatPorts
 from ..axis import AxiStreamSignature
 from ..mac.cdc import COUNTERS, MacCore
 from ..mac.rgmii import RgmiiPhy, RgmiiPinsSignature
+from .cli import verilog_main
 
 __all__ = ["MacTop", "TOP_NAME", "verilog_top", "convert"]
 
@@ -102,15 +100,7 @@ def convert(data_width=64, rx_fifo_bytes=4096):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m stellar.hdl.top.mac",
-                                 description="Write the stellar_mac Verilog top.")
-    ap.add_argument("--width", type=int, default=64, help="core-side data width in bits")
-    ap.add_argument("-o", "--output", default="build/verilog", help="output folder")
-    args = ap.parse_args(argv)
-    out = Path(args.output) / f"{TOP_NAME}_w{args.width}.v"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(convert(args.width))
-    print(f"wrote {out}")
+    verilog_main(TOP_NAME, convert, argv, module="stellar.hdl.top.mac", widths=None)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,6 @@ Verilog ports (single-underscore AXI names, DESIGN.md): ``clk``, ``rst``,
 ``python -m stellar.hdl.top.pktloop --width 64|512 -o build/verilog`` writes the Verilog.
 """
 
-import argparse
-from pathlib import Path
-
 from amaranth.back import verilog
 from amaranth.hdl import Module
 from amaranth.lib import wiring
@@ -36,6 +33,7 @@ from ..net.layout import beat_layout, record_layout
 from ..net.parser import Parser, count_rx
 from ..pktfifo import PacketFifo
 from ..regmap import RegisterMap, pktengine_block, pktengine_config
+from .cli import verilog_main
 
 __all__ = ["PacketLoopback", "TOP_NAME", "RX_BUFFER_BYTES", "PKTLOOP_REGMAP", "convert", "verilog_top"]
 
@@ -118,15 +116,7 @@ def convert(data_width=64):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m stellar.hdl.top.pktloop",
-                                 description="Write the stellar_pktloop Verilog top.")
-    ap.add_argument("--width", type=int, default=64, choices=(64, 512), help="data width in bits")
-    ap.add_argument("-o", "--output", default="build/verilog", help="output folder")
-    args = ap.parse_args(argv)
-    out = Path(args.output) / f"{TOP_NAME}_w{args.width}.v"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(convert(args.width))
-    print(f"wrote {out}")
+    verilog_main(TOP_NAME, convert, argv, module="stellar.hdl.top.pktloop")
 
 
 if __name__ == "__main__":
