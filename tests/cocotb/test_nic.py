@@ -1,6 +1,6 @@
 """cocotb + Verilator tests of two NIC cores (``stellar_nic2``) running the RC transport through
-the switch model: data integrity and completions at several loss rates, both data widths,
-several QPs in parallel; retry exhaustion; remote errors.
+the switch model: data integrity and completions at several loss rates, several QPs in
+parallel; retry exhaustion; remote errors.
 """
 
 import pytest
@@ -26,8 +26,11 @@ TRAFFIC = {
 }
 
 
+# 64 bits only: the 512-bit core is covered packet by packet against the reference model by
+# test_rcmodel_rtl.py (one core); a 512-bit stellar_nic2 build alone took about half of the
+# suite's time on 2 cores (`make sim WIDTH=512` runs this pair at 512 bits).
 @pytest.mark.parametrize("case", list(TRAFFIC))
-@pytest.mark.parametrize("width", [64, 512])
+@pytest.mark.parametrize("width", [64])
 def test_rc_traffic(width, case):
     run(width, "rc_traffic", pairs=3, messages=8, **TRAFFIC[case])
 
