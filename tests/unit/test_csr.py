@@ -524,6 +524,7 @@ def test_block_signature_connects_to_bank():
         ctx.set(top.frame, 1)
         await ctx.tick().repeat(4)
         ctx.set(top.frame, 0)
+        await ctx.tick()    # a pulse reaches the counter 2 clocks later (increment registered)
         assert await bus.read(ctx, addr("pktengine.rx_frames")) == (4, Resp.OKAY)
         assert await bus.read(ctx, addr("pktengine.config")) == (8, Resp.OKAY)
         assert await bus.read(ctx, addr("ident.id")) == (MAGIC, Resp.OKAY)
