@@ -12,9 +12,13 @@ Ports:
                        is accepted and discarded, and this is high with its last beat.
   ``o``           out  stream of beats of committed frames, in order.
 
-Parameters: ``layout`` (beat layout with a ``last`` field), ``depth`` (power of two, beats).
+Parameters: ``layout`` (beat layout with a ``last`` field), ``depth`` (power of two, beats),
+``out_reg`` (default False): a register behind the memory's read data, fed by nothing else, so
+a block RAM's slow unregistered output (5.8 ns on a speed-6 ECP5) reaches a flip-flop in the
+same slice before any logic sees it; the memory's own output latch, held while its read enable
+is low, serves as the second entry, so throughput stays one beat per clock.
 Throughput: one beat per clock in and out. Latency: a committed frame's first beat is on ``o``
-2 cycles after its last beat was written.
+2 cycles after its last beat was written (3 with ``out_reg``).
 """
 
 from amaranth.hdl import Module, Signal
@@ -26,10 +30,11 @@ __all__ = ["PacketFifo"]
 
 
 class PacketFifo(wiring.Component):
-    def __init__(self, layout, depth):
+    def __init__(self, layout, depth, *, out_reg=False):
         assert depth >= 2 and depth & (depth - 1) == 0
         self.layout = layout
         self.depth = depth
+        self.out_reg = out_reg
         super().__init__({
             "i": In(stream.Signature(layout)),
             "i_drop": In(1),
@@ -49,7 +54,9 @@ class PacketFifo(wiring.Component):
         wp = Signal(aw + 1)      # next entry to write
         cp = Signal(aw + 1)      # end of the last committed frame
         rp = Signal(aw + 1)      # next entry to read from memory
-        full = (wp - rp)[:aw + 1] == D
+        # Full: same entry, other lap. Written as an equality rather than `wp - rp == D` so it
+        # is an XOR and an AND tree, not a carry chain, in front of the write pointer's enable.
+        full = (wp ^ rp) == D
         # Everything stored belongs to the frame still being written: nothing can drain, so a
         # full FIFO means this frame is too long. Accept and discard the rest of it.
         stuck = full & (rp == cp)
@@ -75,14 +82,22 @@ class PacketFifo(wiring.Component):
             with m.Else():
                 m.d.sync += wp.eq(wp + 1)
 
-        o_valid = Signal()
-        advance = ~o_valid | self.o.ready
+        o_valid = Signal()       # rd.data holds a beat (not yet passed on)
+        if self.out_reg:
+            q = Signal(self.layout)
+            q_valid = Signal()
+            q_advance = ~q_valid | self.o.ready
+            advance = ~o_valid | q_advance
+            with m.If(q_advance):
+                m.d.sync += [q.eq(rd.data), q_valid.eq(o_valid)]
+            m.d.comb += [self.o.valid.eq(q_valid), self.o.payload.eq(q)]
+        else:
+            advance = ~o_valid | self.o.ready
+            m.d.comb += [self.o.valid.eq(o_valid), self.o.payload.eq(rd.data)]
         fetch = advance & (rp != cp)
         m.d.comb += [
             rd.addr.eq(rp[:aw]),
             rd.en.eq(fetch),
-            self.o.valid.eq(o_valid),
-            self.o.payload.eq(rd.data),
         ]
         with m.If(fetch):
             m.d.sync += rp.eq(rp + 1)
