@@ -6,7 +6,8 @@
 
     eth_rx:  gmii rx -> GmiiRx (FCS check, packet FIFO) -> BytePacker --+
                                                                         AsyncFIFO --> m_axis_rx  (sync)
-    eth_tx:  gmii tx <- GmiiTx <- PacketFifo (store and forward) <- ByteUnpacker <- AsyncFIFO <-- s_axis_tx
+    eth_tx:  gmii tx <- GmiiTx <- PacketFifo (store and forward) <- [skid] <- ByteUnpacker <- [skid]
+                                                                        <- AsyncFIFO <-- s_axis_tx
 
 Clock domains: ``sync`` (the core), ``eth_rx`` (the PHY's receive clock) and ``eth_tx`` (the
 transmit clock), 125 MHz at 1 GbE; none is defined here (``RgmiiPhy`` defines ``eth_rx``, the
@@ -41,9 +42,13 @@ two >= max_frame; default 4096: two full-size frames, 2 EBRs each on ECP5), ``cd
 of each asynchronous FIFO, default 16), ``ifg`` (default 12).
 
 Latency: a received frame is committed 2 eth_rx clocks after RX_DV falls; its first beat then
-needs W/8 eth_rx clocks in the packer and the asynchronous FIFO's pointer synchronizers (about 3
-sync clocks) to reach ``m_axis_rx``. A frame written to ``s_axis_tx`` starts its preamble 3
-eth_tx clocks after its last byte entered the eth_tx packet FIFO.
+needs 2 + W/8 eth_rx clocks (packet FIFO output register, packer), the asynchronous FIFO's
+pointer synchronizers (about 3 sync clocks) and 1 sync clock (port register) to reach
+``m_axis_rx``. A beat taken on ``s_axis_tx`` passes a sync register, the asynchronous FIFO and
+two eth_tx registers (either side of the unpacker) before its bytes enter the eth_tx packet
+FIFO; a frame starts its preamble 4 eth_tx clocks after its last byte entered that FIFO.
+Every stage keeps one beat (byte) per clock. The registers are there for timing: all three
+domains meet 125 MHz on a speed-6 ECP5 (LFE5U-25F, Colorlight shell).
 """
 
 from amaranth.hdl import Cat, DomainRenamer, Module, Mux, Signal
@@ -57,7 +62,7 @@ from ..net.layout import beat_layout
 from ..pktfifo import PacketFifo
 from .gmii import BYTE_LAYOUT, GmiiRx, GmiiSignature, GmiiTx
 
-__all__ = ["COUNTERS", "CountersSignature", "BytePacker", "ByteUnpacker", "MacCore"]
+__all__ = ["COUNTERS", "CountersSignature", "SkidBuffer", "BytePacker", "ByteUnpacker", "MacCore"]
 
 # (name, source domain, source port)
 _COUNTER_SOURCES = (
@@ -129,6 +134,49 @@ class ByteUnpacker(wiring.Component):
                 index.eq(0),
                 final_index.eq(Mux(self.i.payload.last, top, B - 1)),
             ]
+        return m
+
+
+class SkidBuffer(wiring.Component):
+    """Two-entry FIFO of flip-flops that cuts the combinational paths through it: ``i.ready``
+    and ``o.valid`` come from flip-flops, and an accepted ``i.payload`` goes straight into a
+    flip-flop (clock enable only, no logic in front: what a block RAM's slow unregistered
+    output needs on a speed-6 ECP5). ``o.payload`` is a 2:1 mux of the two entries. One beat
+    per clock in and out when ``o`` is never stalled; 1 clock of latency.
+
+    Ports: ``i`` In stream of ``shape``; ``o`` Out stream of ``shape``."""
+
+    def __init__(self, shape):
+        self.shape = shape
+        super().__init__({
+            "i": In(stream.Signature(shape)),
+            "o": Out(stream.Signature(shape)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        entries = [Signal(self.shape, name=f"entry{k}") for k in range(2)]
+        wp, rp = Signal(), Signal()
+        full, nonempty = Signal(), Signal()
+        write = self.i.valid & self.i.ready
+        read = self.o.valid & self.o.ready
+        m.d.comb += [
+            self.i.ready.eq(~full),
+            self.o.valid.eq(nonempty),
+            self.o.payload.eq(Mux(rp, entries[1], entries[0])),
+        ]
+        with m.If(write):
+            m.d.sync += wp.eq(~wp)
+            for k in range(2):
+                with m.If(wp == k):
+                    m.d.sync += entries[k].eq(self.i.payload)
+        with m.If(read):
+            m.d.sync += rp.eq(~rp)
+        with m.If(write & ~read):
+            # One more entry: full when there was one already.
+            m.d.sync += [nonempty.eq(1), full.eq(nonempty)]
+        with m.Elif(read & ~write):
+            m.d.sync += [full.eq(0), nonempty.eq(full)]
         return m
 
 
@@ -210,6 +258,10 @@ class MacCore(wiring.Component):
             rx.rxd.eq(self.gmii.rxd), rx.rx_dv.eq(self.gmii.rx_dv), rx.rx_er.eq(self.gmii.rx_er),
         ]
         wiring.connect(m, rx.o, pack.i)
+        # Timing: registers in front of the ports in ``sync``, so no path leaves MacCore or runs
+        # from one FIFO's read side to the other's write side (the board shell echoes m_axis_rx
+        # into s_axis_tx). 1 clock each. (Both packet FIFOs register their block RAM's output:
+        # its clock-to-output alone is 5.8 of a speed-6 ECP5's 8 ns.)
         # Only committed frames reach the packer, so back-pressure here is harmless: it fills
         # the receive packet FIFO, where whole frames are dropped.
         m.d.comb += [
@@ -217,35 +269,53 @@ class MacCore(wiring.Component):
             rx_cdc.w_en.eq(pack.o.valid),
             pack.o.ready.eq(rx_cdc.w_rdy),
         ]
-        rx_beat = beat(rx_cdc.r_data)
+        m.submodules.rx_axis_reg = rx_axis_reg = SkidBuffer(beat)
         m.d.comb += [
-            self.m_axis_rx.tvalid.eq(rx_cdc.r_rdy),
+            rx_axis_reg.i.valid.eq(rx_cdc.r_rdy),
+            rx_axis_reg.i.payload.eq(rx_cdc.r_data),
+            rx_cdc.r_en.eq(rx_axis_reg.i.ready),
+        ]
+        rx_beat = rx_axis_reg.o.payload
+        m.d.comb += [
+            self.m_axis_rx.tvalid.eq(rx_axis_reg.o.valid),
             self.m_axis_rx.tdata.eq(rx_beat.data),
             self.m_axis_rx.tkeep.eq(rx_beat.keep),
             self.m_axis_rx.tlast.eq(rx_beat.last),
-            rx_cdc.r_en.eq(self.m_axis_rx.tready),
+            rx_axis_reg.o.ready.eq(self.m_axis_rx.tready),
         ]
 
         # --- transmit: sync -> eth_tx --------------------------------------------------------
         m.submodules.tx_cdc = tx_cdc = AsyncFIFO(width=beat.size, depth=self.cdc_depth,
                                                  w_domain="sync", r_domain="eth_tx")
-        tx_in = beat(tx_cdc.w_data)
+        m.submodules.tx_axis_reg = tx_axis_reg = SkidBuffer(beat)
+        tx_in = tx_axis_reg.i.payload
         m.d.comb += [
             tx_in.data.eq(self.s_axis_tx.tdata),
             tx_in.keep.eq(self.s_axis_tx.tkeep),
             tx_in.last.eq(self.s_axis_tx.tlast),
-            tx_cdc.w_en.eq(self.s_axis_tx.tvalid),
-            self.s_axis_tx.tready.eq(tx_cdc.w_rdy),
+            tx_axis_reg.i.valid.eq(self.s_axis_tx.tvalid),
+            self.s_axis_tx.tready.eq(tx_axis_reg.i.ready),
+            tx_cdc.w_data.eq(tx_axis_reg.o.payload),
+            tx_cdc.w_en.eq(tx_axis_reg.o.valid),
+            tx_axis_reg.o.ready.eq(tx_cdc.w_rdy),
+        ]
+        # Timing: a skid buffer on each side of the unpacker, so that neither the asynchronous
+        # FIFO's read side (pointer increment, gray code, LUT-RAM read) nor the packet FIFO's
+        # full check is chained through the unpacker's ready logic (that chain was 11.0 ns on a
+        # speed-6 ECP5). Each adds a clock of latency and keeps one byte per clock.
+        m.submodules.tx_beat_reg = beat_reg = DomainRenamer("eth_tx")(SkidBuffer(beat))
+        m.d.comb += [
+            beat_reg.i.valid.eq(tx_cdc.r_rdy),
+            beat_reg.i.payload.eq(tx_cdc.r_data),
+            tx_cdc.r_en.eq(beat_reg.i.ready),
         ]
         m.submodules.tx_unpack = unpack = DomainRenamer("eth_tx")(ByteUnpacker(W))
-        m.d.comb += [
-            unpack.i.valid.eq(tx_cdc.r_rdy),
-            unpack.i.payload.eq(tx_cdc.r_data),
-            tx_cdc.r_en.eq(unpack.i.ready),
-        ]
+        wiring.connect(m, beat_reg.o, unpack.i)
+        m.submodules.tx_byte_reg = byte_reg = DomainRenamer("eth_tx")(SkidBuffer(BYTE_LAYOUT))
+        wiring.connect(m, unpack.o, byte_reg.i)
         m.submodules.tx_fifo = tx_fifo = DomainRenamer("eth_tx")(
-            PacketFifo(BYTE_LAYOUT, self.tx_fifo_bytes))
-        wiring.connect(m, unpack.o, tx_fifo.i)
+            PacketFifo(BYTE_LAYOUT, self.tx_fifo_bytes, out_reg=True))
+        wiring.connect(m, byte_reg.o, tx_fifo.i)
         m.d.comb += tx_fifo.i_drop.eq(0)
         m.submodules.tx = tx = DomainRenamer("eth_tx")(GmiiTx(ifg=self.ifg))
         wiring.connect(m, tx_fifo.o, tx.i)

@@ -42,7 +42,7 @@ frame of n bytes (without FCS) is kept exactly when the bytes queued and not yet
 in ``fifo_depth``, so a short frame may still fit after a long one was dropped.
 Parameters: ``max_frame`` (bytes with FCS, default 1522: 1500-byte payload with a VLAN tag),
 ``fifo_depth`` (bytes, power of two, >= ``max_frame``). Latency: a frame's first byte is on ``o``
-3 clocks after RX_DV falls at its end (store and forward).
+4 clocks after RX_DV falls at its end (store and forward; the FIFO's output register included).
 """
 
 from amaranth.hdl import Cat, Module, Mux, Signal
@@ -177,7 +177,8 @@ class GmiiRx(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.crc = crc = CRC32_ETHERNET(8).create()
-        m.submodules.fifo = fifo = PacketFifo(BYTE_LAYOUT, self.fifo_depth)
+        # out_reg: the FIFO's block RAM output goes into a register first (timing).
+        m.submodules.fifo = fifo = PacketFifo(BYTE_LAYOUT, self.fifo_depth, out_reg=True)
         wiring.connect(m, fifo.o, wiring.flipped(self.o))
 
         # Input register: the GMII pins (or the RGMII decoder) feed nothing else.
@@ -198,10 +199,14 @@ class GmiiRx(wiring.Component):
         for name in ("frame", "fcs_error", "phy_error", "runt", "oversize", "overrun"):
             m.d.sync += getattr(self, name).eq(0)
 
+        # count >= FCS_BYTES + 1 and count >= MIN_FRAME as flags set when count gets there,
+        # rather than compares in front of the FIFO's write pointer (timing).
+        filled = Signal()          # the delay line is full: count >= FCS_BYTES + 1
+        long_enough = Signal()     # count >= MIN_FRAME
         in_data = Signal()
-        slot = in_data & dv & (count >= FCS_BYTES + 1)   # a byte leaves the delay line
+        slot = in_data & dv & filled   # a byte leaves the delay line
         end = in_data & ~dv
-        runt = count < MIN_FRAME
+        runt = ~long_enough
         fcs_bad = ~crc.match_detected
         bad = bad_er | big | runt | fcs_bad
 
@@ -211,24 +216,43 @@ class GmiiRx(wiring.Component):
         # or `last` with drop to roll the write pointer back over a lost frame's bytes) always
         # finds room, and a lost frame gives its space back at once. A frame of n bytes is thus
         # kept exactly when used + n <= fifo_depth.
+        #
+        # Timing (125 MHz on a speed-6 ECP5): `room` is not computed from `used + pend` in the
+        # clock it is needed (adder, compare, then the FIFO's write pointer: 10.1 ns). Instead
+        # the sum of the previous clock is compared against three thresholds into registers,
+        # and the clock's own change (a byte written, a byte read, both or neither, also
+        # registered) picks the right one: used + pend now = previous sum + written - read, so
+        # the answer is the exact one, one LUT after flip-flops. The identity does not hold in
+        # the clocks right after a frame's end (commit, pend cleared), but no byte is written
+        # then: the next write needs an SFD and 5 bytes in the delay line first. The commit
+        # itself is registered as well and added to `used` a clock later (pend is still held
+        # then), out of the way of the FCS verdict.
         D = self.fifo_depth
         used = Signal(range(D + 1))
         pend = Signal(range(D + 1))
-        room = used + pend <= D - 2
+        level = Signal(range(2 * D + 1))
+        m.d.comb += level.eq(used + pend)
+        le_d3, le_d2, le_d1 = Signal(), Signal(), Signal()   # previous level <= D - 3/2/1
+        m.d.sync += [le_d3.eq(level <= D - 3), le_d2.eq(level <= D - 2), le_d1.eq(level <= D - 1)]
+        wrote, was_read = Signal(), Signal()
+        room = Signal()
+        m.d.comb += room.eq(Mux(wrote, Mux(was_read, le_d2, le_d3), Mux(was_read, le_d1, le_d2)))
         read = fifo.o.valid & fifo.o.ready
         commit = Signal()
-        end_write = end & (count >= FCS_BYTES + 1) & (written | ~(ovr | big))
+        commit_r = Signal()
+        end_write = end & filled & (written | ~(ovr | big))
         m.d.comb += fifo.i.payload.data.eq(oldest)
+        m.d.sync += [wrote.eq(0), was_read.eq(read), commit_r.eq(commit)]
         with m.If(slot & ~ovr & ~big):
             with m.If(room):
                 m.d.comb += fifo.i.valid.eq(1)
-                m.d.sync += [written.eq(1), pend.eq(pend + 1)]
+                m.d.sync += [written.eq(1), pend.eq(pend + 1), wrote.eq(1)]
             with m.Else():
                 m.d.sync += ovr.eq(1)
         with m.If(end_write):
             m.d.comb += [fifo.i.valid.eq(1), fifo.i.payload.last.eq(1),
                          fifo.i_drop.eq(bad | ovr), commit.eq(~(bad | ovr))]
-        m.d.sync += used.eq(used + Mux(commit, pend + 1, 0) - read)
+        m.d.sync += used.eq(used + Mux(commit_r, pend + 1, 0) - read)
 
         with m.FSM():
             with m.State("IDLE"):
@@ -264,6 +288,10 @@ class GmiiRx(wiring.Component):
                         m.d.sync += big.eq(1)
                     with m.Else():
                         m.d.sync += count.eq(count + 1)
+                        with m.If(count == FCS_BYTES):
+                            m.d.sync += filled.eq(1)
+                        with m.If(count == MIN_FRAME - 1):
+                            m.d.sync += long_enough.eq(1)
                 with m.Else():
                     lost = ovr
                     with m.If(bad_er):
@@ -282,5 +310,6 @@ class GmiiRx(wiring.Component):
         # Outside DATA every per-frame register is cleared, so a frame starts clean.
         with m.If(~in_data):
             m.d.comb += crc.start.eq(1)
-            m.d.sync += [count.eq(0), bad_er.eq(0), big.eq(0), ovr.eq(0), written.eq(0), pend.eq(0)]
+            m.d.sync += [count.eq(0), bad_er.eq(0), big.eq(0), ovr.eq(0), written.eq(0), pend.eq(0),
+                         filled.eq(0), long_enough.eq(0)]
         return m
