@@ -84,8 +84,11 @@ class BoardConfig:
     """What a board top builds. ``qps`` ... ``mr_pages``: ``NicCore``'s parameters;
     ``data_width``: core datapath bits; ``core_mhz``: core clock (the PLL picks the nearest it
     can make; ``pll_config``); ``devmem_bytes``: block-RAM device memory; ``baud``: UART rate;
-    ``wr_depth`` / ``rr_depth`` / ``cq_depth``: the register queues; ``rx_fifo_bytes``: the MAC's
-    receive packet FIFO; ``core``: False builds the shell without ``NicCore`` (the bridge reaches
+    ``wr_depth`` / ``rr_depth`` / ``cq_depth``: the register queues; ``rx_fifo_bytes`` /
+    ``tx_fifo_bytes``: the MAC's receive / transmit packet FIFOs (2048 bytes is one EBR on ECP5,
+    4096 two behind a 2:1 mux, which costs the block RAM's slow output a LUT on the way to its
+    register: the 25F at speed 6 takes 2048 to meet 125 MHz; one 1522-byte frame plus the next
+    one's head still keeps line rate, the next frame filling as the current one drains); ``core``: False builds the shell without ``NicCore`` (the bridge reaches
     ident and the mac block, the MAC echoes what it receives), the board bring-up image for a
     part that cannot hold the core."""
     qps: int = 256
@@ -101,6 +104,7 @@ class BoardConfig:
     rr_depth: int = 4
     cq_depth: int = 16
     rx_fifo_bytes: int = 4096
+    tx_fifo_bytes: int = 4096
     core: bool = True
 
     def describe(self):
@@ -145,7 +149,8 @@ BOARDS = {b.name: b for b in (
     # (16 QPs: ~63k LUT4 cells, 85 EBR, 43 DSP against 24k, 56, 28): its default is the shell.
     Board("colorlight_5a75b", "colorlight_5a75b_r7_0:Colorlight_5A75B_R70Platform", "LFE5U-25F",
           config=BoardConfig(qps=16, devmem_bytes=8 * 1024, sq_depth=8, rq_depth=8, mr_entries=16,
-                             mr_pages=16, rx_fifo_bytes=2048, cq_depth=8, core=False)),
+                             mr_pages=16, rx_fifo_bytes=2048, tx_fifo_bytes=2048, cq_depth=8,
+                             core=False)),
     # ULX3S-85F: no Ethernet; a resource and timing target for the full core.
     Board("ulx3s_85f", "ulx3s:ULX3S_85F_Platform", "LFE5U-85F", ethernet=False, config=FULL_85F),
 )}
@@ -322,7 +327,8 @@ class BoardTop(wiring.Component):
                 # the LPF): the net behind the input buffer is renamed by synthesis.
                 self.rx_clk_port = res.rx_clk
             m.submodules.phy = phy
-            m.submodules.mac = mac = MacCore(W, rx_fifo_bytes=cfg.rx_fifo_bytes)
+            m.submodules.mac = mac = MacCore(W, rx_fifo_bytes=cfg.rx_fifo_bytes,
+                                                 tx_fifo_bytes=cfg.tx_fifo_bytes)
             m.submodules.eth_rx_rst = ResetSynchronizer(ResetSignal("eth_tx"), domain="eth_rx")
             m.d.comb += ClockSignal("eth_rx").eq(phy.rx_clk)
             if self.board is None:
