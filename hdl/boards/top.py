@@ -33,7 +33,10 @@ The shell (``BoardConfig(core=False)``): no NicCore; the bridge reaches a bank o
 PHY and bridge on a part that cannot hold the core.
 
 Each entry names its amaranth-boards platform, whether its PHY needs the FPGA to delay TX_CLK
-(``txc_delay``: the 90-degree PLL output drives TX_CLK) and its ``BoardConfig``.
+(``txc_delay``: the 90-degree PLL output drives TX_CLK), whether it needs the FPGA to delay the
+receive data against RX_CLK (``rx_delay_taps``: ECP5 ``DELAYG`` taps of about 25 ps on RX_CTL
+and RXD, 0 = none, for a PHY without its own RX clock delay; see ``stellar.hdl.mac.rgmii``) and
+its ``BoardConfig``.
 
 Simulation: ``BoardTop(None, config)`` has no platform and exposes pins instead (``stellar_board``
 Verilog top, ``python -m stellar.hdl.boards.top -o build/verilog``):
@@ -123,6 +126,7 @@ class Board:
     device: str
     ethernet: bool = True
     txc_delay: bool = False  # the FPGA delays TX_CLK by 90 degrees (PHY without TX delay)
+    rx_delay_taps: int = 0   # ECP5 input delay on RX_CTL/RXD (PHY without RX delay), ~25 ps/tap
     config: BoardConfig = BoardConfig()
 
     def platform_class(self):
@@ -319,7 +323,8 @@ class BoardTop(wiring.Component):
             else:
                 res = platform.request("eth_rgmii", 0, dir="-")
                 phy = RgmiiPhy(_rgmii_ports(res),
-                               txc_domain="eth_tx90" if self.board.txc_delay else "eth_tx")
+                               txc_domain="eth_tx90" if self.board.txc_delay else "eth_tx",
+                               rx_delay_taps=self.board.rx_delay_taps)
                 # PHY out of reset (the pin is active low; the resource inverts it).
                 m.submodules.phy_rst = phy_rst = io.Buffer("o", res.rst)
                 m.d.comb += phy_rst.o.eq(0)

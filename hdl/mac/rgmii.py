@@ -26,7 +26,13 @@ and ``eth_tx``, the 125 MHz transmit clock.
 ``txc_domain`` drives TX_CLK: ``"eth_tx"`` (default) puts clock and data edges together, for
 PHYs that delay TX_CLK themselves (RGMII-ID, the usual strap on the ECP5 boards); a top whose
 PHY does not can define a 90-degree-shifted copy of ``eth_tx`` (e.g. ``"eth_tx90"`` from the
-PLL) and name it here. Receive-side skew is left to the PHY's RX delay as well.
+PLL) and name it here. Receive-side skew is left to the PHY's RX delay by default;
+``rx_delay_taps`` (ECP5 only, with ``ports``) instead delays RX_CTL and RXD[3:0] in the input
+cells (``DELAYG``, ``DEL_MODE="USER_DEFINED"``, about 25 ps a tap, 0..127) before the DDR
+registers, for a PHY whose RX clock is not delayed (RGMII without -ID on the receive side): the
+data then lags the clock's arrival at the IDDRs, which have the global-clock insertion delay on
+their side. LiteX's ECP5 RGMII PHY does the same with 80 taps (2 ns). Board tops set it per
+board (``stellar.hdl.boards.top.Board.rx_delay_taps``).
 
 Two ways to reach the pins:
 
@@ -46,7 +52,7 @@ Ports (besides ``pins`` in the second form): ``gmii`` In(GmiiSignature()), the M
 Latency: GMII tx -> pins 1 eth_tx clock (model; +2 on ECP5); pins -> GMII rx 2 eth_rx clocks.
 """
 
-from amaranth.hdl import Cat, ClockDomain, ClockSignal, Module, Mux, Signal
+from amaranth.hdl import Cat, ClockDomain, ClockSignal, Const, Instance, Module, Mux, Signal
 from amaranth.lib import io, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -72,11 +78,19 @@ class RgmiiPinsSignature(wiring.Signature):
 
 class RgmiiPhy(wiring.Component):
     """RGMII <-> GMII (see the module docstring). Parameters: ``ports`` (None: modelled DDR
-    pins on member ``pins``), ``txc_domain`` (domain whose clock is sent on TX_CLK)."""
+    pins on member ``pins``), ``txc_domain`` (domain whose clock is sent on TX_CLK),
+    ``rx_delay_taps`` (ECP5 input delay on RX_CTL/RXD, 0 = none)."""
 
-    def __init__(self, ports=None, *, txc_domain="eth_tx"):
+    def __init__(self, ports=None, *, txc_domain="eth_tx", rx_delay_taps=0):
+        if not 0 <= rx_delay_taps <= 127 or (rx_delay_taps and ports is None):
+            self._MustUse__silence = True  # no "created but never used" warning for a refusal
+        if not 0 <= rx_delay_taps <= 127:
+            raise ValueError(f"rx_delay_taps {rx_delay_taps} is outside the DELAYG range 0..127")
+        if rx_delay_taps and ports is None:
+            raise ValueError("rx_delay_taps needs platform ports (an ECP5 input delay)")
         self._ports = ports
         self.txc_domain = txc_domain
+        self.rx_delay_taps = rx_delay_taps
         members = {"gmii": In(GmiiSignature()), "rx_clk": Out(1)}
         if ports is None:
             members["pins"] = Out(RgmiiPinsSignature())
@@ -108,18 +122,41 @@ class RgmiiPhy(wiring.Component):
         p = self._ports
         m.submodules.rx_clk = rx_clk = io.Buffer("i", p.rx_clk)
         m.d.comb += self.rx_clk.eq(rx_clk.i)
-        m.submodules.rx_data = rx_data = io.DDRBuffer("i", p.rx_data, i_domain="eth_rx")
-        m.submodules.rx_ctl = rx_ctl = io.DDRBuffer("i", p.rx_ctl, i_domain="eth_rx")
+        if self.rx_delay_taps:
+            data_rise, data_fall = self._delayed_ddr_in(m, "rx_data", p.rx_data)
+            ctl_rise, ctl_fall = self._delayed_ddr_in(m, "rx_ctl", p.rx_ctl)
+        else:
+            m.submodules.rx_data = rx_data = io.DDRBuffer("i", p.rx_data, i_domain="eth_rx")
+            m.submodules.rx_ctl = rx_ctl = io.DDRBuffer("i", p.rx_ctl, i_domain="eth_rx")
+            data_rise, data_fall = rx_data.i[0], rx_data.i[1]
+            ctl_rise, ctl_fall = rx_ctl.i[0], rx_ctl.i[1]
         m.submodules.tx_data = tx_data = io.DDRBuffer("o", p.tx_data, o_domain="eth_tx")
         m.submodules.tx_ctl = tx_ctl = io.DDRBuffer("o", p.tx_ctl, o_domain="eth_tx")
         m.submodules.tx_clk = tx_clk = io.DDRBuffer("o", p.tx_clk, o_domain=self.txc_domain)
         m.d.comb += [
-            rx0.eq(Cat(rx_data.i[0], rx_ctl.i[0])),
-            rx1.eq(Cat(rx_data.i[1], rx_ctl.i[1])),
+            rx0.eq(Cat(data_rise, ctl_rise)),
+            rx1.eq(Cat(data_fall, ctl_fall)),
             tx_data.o[0].eq(tx0[:4]), tx_data.o[1].eq(tx1[:4]),
             tx_ctl.o[0].eq(tx0[4]), tx_ctl.o[1].eq(tx1[4]),
             tx_clk.o[0].eq(1), tx_clk.o[1].eq(0),
         ]
+
+    def _delayed_ddr_in(self, m, name, port):
+        """What ``io.DDRBuffer("i", port, i_domain="eth_rx")`` builds on ECP5 (input buffer,
+        then ``IDDRX1F`` per bit: ``i[0]`` the rising-edge sample, ``i[1]`` the falling-edge one)
+        with a ``DELAYG`` between the buffer and the DDR register."""
+        m.submodules[name] = buf = io.Buffer("i", port)
+        width = len(port)
+        q0, q1 = Signal(width, name=f"{name}_q0"), Signal(width, name=f"{name}_q1")
+        for bit in range(width):
+            delayed = Signal(name=f"{name}_delayed{bit}")
+            m.submodules[f"{name}_delay{bit}"] = Instance(
+                "DELAYG", p_DEL_MODE="USER_DEFINED", p_DEL_VALUE=self.rx_delay_taps,
+                i_A=buf.i[bit], o_Z=delayed)
+            m.submodules[f"{name}_ddr{bit}"] = Instance(
+                "IDDRX1F", i_SCLK=ClockSignal("eth_rx"), i_RST=Const(0), i_D=delayed,
+                o_Q0=q0[bit], o_Q1=q1[bit])
+        return q0, q1
 
     def _model_pins(self, m, tx0, tx1, rx0, rx1):
         # Behavioural DDR registers with the same cycle semantics as io.DDRBuffer (input: the

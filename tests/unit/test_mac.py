@@ -628,7 +628,8 @@ def test_rgmii_hardware_buffers_elaborate():
         connectors = []
 
     class Top(wiring.Component):
-        def __init__(self):
+        def __init__(self, rx_delay_taps=0):
+            self.rx_delay_taps = rx_delay_taps
             super().__init__({})
 
         def elaborate(self, platform):
@@ -639,7 +640,8 @@ def test_rgmii_hardware_buffers_elaborate():
             from amaranth.lib import io
             m.submodules.clk = buf = io.Buffer("i", clk)
             m.d.comb += [ClockSignal("eth_tx").eq(buf.i), ClockSignal("sync").eq(buf.i)]
-            m.submodules.phy = phy = RgmiiPhy(platform.request("eth_rgmii", 0, dir="-"))
+            m.submodules.phy = phy = RgmiiPhy(platform.request("eth_rgmii", 0, dir="-"),
+                                              rx_delay_taps=self.rx_delay_taps)
             m.domains.eth_rx = ClockDomain("eth_rx")
             m.d.comb += ClockSignal("eth_rx").eq(phy.rx_clk)
             m.submodules.mac = mac = MacCore()
@@ -651,3 +653,11 @@ def test_rgmii_hardware_buffers_elaborate():
     plan = Plat().prepare(Top(), name="rgmii_smoke")
     text = plan.files["rgmii_smoke.il"]
     assert text.count("IDDRX1F") == 5 and text.count("ODDRX1F") == 6
+    assert "DELAYG" not in text
+
+    # With an RX delay: a DELAYG in front of each of the five DDR inputs, 80 taps each.
+    text = Plat().prepare(Top(rx_delay_taps=80), name="rgmii_delay").files["rgmii_delay.il"]
+    assert text.count("cell \\DELAYG") == 5 and text.count("cell \\IDDRX1F") == 5
+    assert text.count("parameter \\DEL_VALUE 80") == 5
+    with pytest.raises(ValueError):
+        RgmiiPhy(rx_delay_taps=3)          # no ports: nothing to delay
