@@ -96,10 +96,29 @@ from ..axil import AxiLiteSignature, Resp
 from ..dma.axi4 import Axi4Signature
 
 __all__ = ["UspAxisSignature", "PcieUsp", "Completer", "WriteRequester", "ReadRequester",
-           "RqArbiter", "MsiSender", "USER_WIDTHS", "ReqType", "CplStatus"]
+           "RqArbiter", "MsiSender", "USER_WIDTHS", "ReqType", "CplStatus", "usp_members"]
 
 # tuser widths of the 64/128/256-bit interfaces (PG213 tables 2-x; Corundum's USP widths).
 USER_WIDTHS = {"cq": 88, "cc": 33, "rq": 62, "rc": 75}
+
+
+def usp_members():
+    """The ports facing the hard block (named from the user logic's side, as Corundum's), for
+    the adapter and for the Verilog tops that pass them through."""
+    return {
+        "s_axis_cq":                  In(UspAxisSignature(64, USER_WIDTHS["cq"])),
+        "m_axis_cc":                  Out(UspAxisSignature(64, USER_WIDTHS["cc"])),
+        "m_axis_rq":                  Out(UspAxisSignature(64, USER_WIDTHS["rq"])),
+        "s_axis_rc":                  In(UspAxisSignature(64, USER_WIDTHS["rc"])),
+        "cfg_max_payload":            In(3),
+        "cfg_max_read_req":           In(3),
+        "cfg_interrupt_msi_enable":   In(4),
+        "cfg_interrupt_msi_mmenable": In(12),
+        "cfg_interrupt_msi_int":      Out(32),
+        "cfg_interrupt_msi_sent":     In(1),
+        "cfg_interrupt_msi_fail":     In(1),
+        "pcie_cq_np_req":             Out(2),
+    }
 
 
 class ReqType:
@@ -819,18 +838,7 @@ class PcieUsp(wiring.Component):
         self.arbiter = RqArbiter()
         self.msi_sender = MsiSender()
         super().__init__({
-            "s_axis_cq":                  In(UspAxisSignature(64, USER_WIDTHS["cq"])),
-            "m_axis_cc":                  Out(UspAxisSignature(64, USER_WIDTHS["cc"])),
-            "m_axis_rq":                  Out(UspAxisSignature(64, USER_WIDTHS["rq"])),
-            "s_axis_rc":                  In(UspAxisSignature(64, USER_WIDTHS["rc"])),
-            "cfg_max_payload":            In(3),
-            "cfg_max_read_req":           In(3),
-            "cfg_interrupt_msi_enable":   In(4),
-            "cfg_interrupt_msi_mmenable": In(12),
-            "cfg_interrupt_msi_int":      Out(32),
-            "cfg_interrupt_msi_sent":     In(1),
-            "cfg_interrupt_msi_fail":     In(1),
-            "pcie_cq_np_req":             Out(2),
+            **usp_members(),
             "m_axil":                     Out(AxiLiteSignature(16)),
             "s_axi":                      In(Axi4Signature(64, 64, id_width)),
             "msi":                        In(stream.Signature(5)),

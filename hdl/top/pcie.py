@@ -31,7 +31,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from ..axil import FlatPorts
-from ..hostif.pcie_usp import USER_WIDTHS, PcieUsp, UspAxisSignature
+from ..hostif.pcie_usp import PcieUsp, usp_members
 from .nic import NicCore, nic_signature
 
 __all__ = ["PcieNic", "TOP_NAME", "verilog_top", "convert"]
@@ -60,18 +60,7 @@ class PcieNic(wiring.Component):
         self.nic = NicCore(64, qps=qps, **nic_kw)
         self.pcie = PcieUsp(64, tags=tags, slot_bytes=slot_bytes)
         members = {
-            "s_axis_cq":                  In(UspAxisSignature(64, USER_WIDTHS["cq"])),
-            "m_axis_cc":                  Out(UspAxisSignature(64, USER_WIDTHS["cc"])),
-            "m_axis_rq":                  Out(UspAxisSignature(64, USER_WIDTHS["rq"])),
-            "s_axis_rc":                  In(UspAxisSignature(64, USER_WIDTHS["rc"])),
-            "cfg_max_payload":            In(2),
-            "cfg_max_read_req":           In(3),
-            "cfg_interrupt_msi_enable":   In(4),
-            "cfg_interrupt_msi_mmenable": In(12),
-            "cfg_interrupt_msi_int":      Out(32),
-            "cfg_interrupt_msi_sent":     In(1),
-            "cfg_interrupt_msi_fail":     In(1),
-            "pcie_cq_np_req":             Out(2),
+            **usp_members(),
             "irq":                        In(wiring.Signature({"vector": Out(5), "valid": Out(1),
                                                                "ready": In(1)})),
         }
