@@ -125,12 +125,11 @@ def tb_env(params: Mapping[str, object]) -> dict[str, str]:
 
 
 def _build_jobs() -> int:
-    # make -j for the C++ compile. pytest-xdist already runs one simulation per worker; giving
-    # each worker every core would oversubscribe a small machine (2 workers x 2 jobs on 2 cores
-    # only adds memory pressure and context switches).
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return max(1, cpus // max(1, workers))
+    # make -j for the C++ compile: every core, even under pytest-xdist. Builds are the suite's
+    # long poles and usually run when the other workers are idle or simulating (at the end of a
+    # run one worker compiled the 512-bit core with -j1 for ~10 minutes while the other waited);
+    # two builds at once just share the cores (4 jobs on 2 cores, ~1 GB of memory each).
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @functools.lru_cache(maxsize=1)
