@@ -52,9 +52,11 @@ sim-rxflow: $(STAMP) tshark
 sim-pktloop: $(STAMP) tshark
 	$(BIN)/python -m stellar.sim.pktloop_sim --width $(WIDTH)
 
-# The whole suite, in parallel (each parameter set builds in its own directory).
+# The whole suite, in parallel (each parameter set builds in its own directory); an idle worker
+# takes pending tests from a busy one (worksteal), so the long builds and BMCs at the end of a
+# run do not wait behind each other on one worker.
 test: $(STAMP) tshark
-	$(BIN)/python -m pytest -n $(JOBS) tests
+	$(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests
 
 verilog: $(STAMP)
 	$(BIN)/python -m stellar.hdl.top.pktloop --width $(WIDTH) -o build/verilog
