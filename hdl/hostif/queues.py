@@ -123,7 +123,7 @@ Latency (64-bit, no stalls, memory read latency L clocks): doorbell strobe to th
 command about 10 clocks (kick FIFO, doorbell event, visit event); the WQE's ``wr`` beat 8 data
 beats plus about 6 clocks after its first read beat. Completion beat to CQE write command 4
 clocks (pick, CQ lookup, CQ read, decide); the CQE's 32 bytes follow at the writer's rate.
-Measured figures are in the cocotb test's log (``tests/cocotb/test_hostq.py``).
+Measured figures are in the cocotb test's log (``tests/cocotb/test_hostq_cocotb.py``).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
