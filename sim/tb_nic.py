@@ -95,13 +95,14 @@ class Harness(TB):
 
     def random_wr(self, side, qp, max_len, ops=(WrOpcode.RDMA_WRITE, WrOpcode.SEND,
                                                WrOpcode.RDMA_READ, WrOpcode.RDMA_WRITE_WITH_IMM,
-                                               WrOpcode.SEND_WITH_IMM)):
-        """One random work request and, for the peer, the receive it needs (or None)."""
+                                               WrOpcode.SEND_WITH_IMM), min_len=0):
+        """One random work request and, for the peer, the receive it needs (or None); its length
+        is in [min_len, max_len]."""
         peer = "b" if side == "a" else "a"
         op = self.rng.choice(ops)
         n = self.rng.choice([0, 1, 7, 64, 255, 256, 1000, 1024, 1025, 2048, 4096, 5000,
                              self.rng.randrange(1, max_len + 1)])
-        n = min(n, max_len)
+        n = max(min(n, max_len), min_len)
         rkey = self.nic[peer].rkey
         wr = WorkRequest(qp=qp, wr_id=self.wr_id(side, qp), opcode=op, rkey=rkey,
                          imm=self.rng.randrange(1 << 32))
@@ -242,7 +243,9 @@ async def remote_errors(dut):
     await h.post_recv("b", recv)
     await h.post("a", wr)
     # QP 1: bad rkey
-    wr, _ = h.random_wr("a", 1, 2000, ops=(WrOpcode.RDMA_WRITE,))
+    # (at least 1 byte: a zero-length WRITE carries no R_Key check, IBA C9-88, and completes
+    # successfully -- CI drew length 0 once, seed 563689229)
+    wr, _ = h.random_wr("a", 1, 2000, ops=(WrOpcode.RDMA_WRITE,), min_len=1)
     wr.rkey ^= 0x3          # stale tag
     h.sb.expect_error("a", 1, WcStatus.REM_ACCESS_ERR)
     await h.post("a", wr)
@@ -266,7 +269,7 @@ async def remote_errors(dut):
     await h.collect(50_000)
     assert await h.nic["b"].read_reg("mr.rx_invalidations") == 1
     assert h.cqes["b"][-1].invalidated_rkey == h.nic["b"].rkey
-    wr, _ = h.random_wr("a", 3, 500, ops=(WrOpcode.RDMA_WRITE,))
+    wr, _ = h.random_wr("a", 3, 500, ops=(WrOpcode.RDMA_WRITE,), min_len=1)
     h.sb.expect_error("a", 3, WcStatus.REM_ACCESS_ERR)
     await h.post("a", wr)
     await h.collect(100_000)
