@@ -34,7 +34,7 @@ from pathlib import Path
 
 from amaranth.back import verilog
 from amaranth.hdl import Module, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..axil import AxiLiteSignature, FlatPorts
@@ -44,6 +44,8 @@ from ..csr import AxiLiteCsrBank
 from ..dma.axi4 import Axi4Signature
 from ..dma.engine import Dma
 from ..flow.rxflow import RxFlowPipeline
+from ..hostif.axi_arbiter import Axi4Arbiter
+from ..hostif.queues import HostQueues
 from ..net.deparser import Deparser
 from ..regmap import REGMAP
 from ..transport.engine import RcTransport
@@ -66,16 +68,22 @@ RR_BITS = _bytes_bits(RECV_REQUEST.width)      # 192
 CQ_BITS = _bytes_bits(COMPLETION.width)        # 192
 
 
-def nic_signature(data_width):
-    return {
+def nic_signature(data_width, host_queues=False):
+    members = {
         "s_axis_rx": In(AxiStreamSignature(data_width)),
         "m_axis_tx": Out(AxiStreamSignature(data_width)),
         "m_axi":     Out(Axi4Signature(64, data_width, 4)),
         "s_axil":    In(AxiLiteSignature(16)),
-        "s_axis_wr": In(AxiStreamSignature(WR_BITS)),
-        "s_axis_rr": In(AxiStreamSignature(RR_BITS)),
-        "m_axis_cq": Out(AxiStreamSignature(CQ_BITS)),
     }
+    if host_queues:
+        members["msi"] = Out(stream.Signature(data.StructLayout({"vector": 16})))
+    else:
+        members.update({
+            "s_axis_wr": In(AxiStreamSignature(WR_BITS)),
+            "s_axis_rr": In(AxiStreamSignature(RR_BITS)),
+            "m_axis_cq": Out(AxiStreamSignature(CQ_BITS)),
+        })
+    return members
 
 
 class NicCore(wiring.Component):
@@ -83,18 +91,25 @@ class NicCore(wiring.Component):
 
     Parameters: ``data_width`` (64 or 512), ``qps`` (QP indexes: flow-table capacity, contexts,
     transport state), ``sq_depth`` / ``rq_depth`` (work requests per QP), ``mr_entries``,
-    ``mr_pages``.
+    ``mr_pages``; ``host_queues``: False -- the transport's work-request, receive-request and
+    completion streams are ports (``s_axis_wr``, ``s_axis_rr``, ``m_axis_cq``: transport-level
+    testbenches drive them); True -- the queue engine (``HostQueues``, one CQ per QP index)
+    serves them from rings in host memory through ``m_axi`` (its DMA and the payload DMA share
+    the port through ``Axi4Arbiter``: AXI IDs 0-7 the queue engine's, 8-15 the payload's) and
+    raises ``msi`` (the vector of the CQ's configuration).
     """
 
     def __init__(self, data_width=64, *, qps=16, sq_depth=16, rq_depth=16, mr_entries=64,
-                 mr_pages=64):
+                 mr_pages=64, host_queues=False, max_batch=8):
         self.data_width = data_width
         self.qps = qps
         self.sq_depth = sq_depth
         self.rq_depth = rq_depth
         self.mr_entries = mr_entries
         self.mr_pages = mr_pages
-        super().__init__(nic_signature(data_width))
+        self.host_queues = host_queues
+        self.max_batch = max_batch
+        super().__init__(nic_signature(data_width, host_queues))
 
     def elaborate(self, platform):
         m = Module()
@@ -106,7 +121,7 @@ class NicCore(wiring.Component):
         m.submodules.builder = tb = TxBuilder(W, tp.index_bits)
         m.submodules.cc = cc = CongestionControl(W, qps=self.qps)
         m.submodules.deparser = dep = Deparser(W)
-        m.submodules.dma = dma = Dma(W)
+        m.submodules.dma = dma = Dma(W, id_width=3 if self.host_queues else 4)
         m.submodules.csr = csr = AxiLiteCsrBank(REGMAP)
 
         wiring.connect(m, wiring.flipped(self.s_axil), csr.s_axil)
@@ -161,9 +176,12 @@ class NicCore(wiring.Component):
         wiring.connect(m, tp.dma_wcmd, dma.wr_cmd)
         wiring.connect(m, tp.dma_wdata, dma.wr_data)
         m.d.comb += tp.dma_wdone.eq(dma.wr_done.valid)
+        if self.host_queues:
+            self._host_queues(m, tp, dma, csr)
+            return m
         wiring.connect(m, dma.m_axi, wiring.flipped(self.m_axi))
 
-        # host queues (stand-ins for the host interface)
+        # the transport's queues as ports (transport-level testbenches)
         for axis, st in ((self.s_axis_wr, tp.wr), (self.s_axis_rr, tp.rr)):
             m.d.comb += [st.valid.eq(axis.tvalid), st.payload.eq(axis.tdata[:len(st.payload.as_value())]),
                          axis.tready.eq(st.ready)]
@@ -171,6 +189,34 @@ class NicCore(wiring.Component):
         m.d.comb += [cq.tvalid.eq(tp.cq.valid), cq.tdata.eq(tp.cq.payload), cq.tlast.eq(1),
                      cq.tkeep.eq((1 << (CQ_BITS // 8)) - 1), tp.cq.ready.eq(cq.tready)]
         return m
+
+    def _host_queues(self, m, tp, dma, csr):
+        """The queue engine between the rings in host memory and the transport."""
+        W = self.data_width
+        m.submodules.hostq = hq = HostQueues(W, qps=self.qps, cqs=self.qps, sq_depth=self.sq_depth,
+                                             rq_depth=self.rq_depth, max_batch=self.max_batch,
+                                             out_depth=self.max_batch)
+        # The queue engine's transfers are short (a batch of WQEs, one CQE): small bursts, a
+        # read buffer of two batches.
+        m.submodules.qdma = qdma = Dma(W, id_width=3, max_burst=16, outstanding=4,
+                                       buffer=max(32, 2 * self.max_batch * 64 * 8 // W),
+                                       wr_outstanding=4)
+        m.submodules.arbiter = arb = Axi4Arbiter(data_width=W, id_width=3)
+        wiring.connect(m, hq.csr, csr.hostq)
+        wiring.connect(m, hq.wr, tp.wr)
+        wiring.connect(m, hq.rr, tp.rr)
+        wiring.connect(m, tp.cq, hq.cq)
+        wiring.connect(m, tp.sq_retire, hq.sq_retire)
+        wiring.connect(m, tp.rq_retire, hq.rq_retire)
+        wiring.connect(m, hq.msi, wiring.flipped(self.msi))
+        wiring.connect(m, hq.dma_rcmd, qdma.rd_cmd)
+        wiring.connect(m, qdma.rd_data, hq.dma_rdata)
+        wiring.connect(m, hq.dma_wcmd, qdma.wr_cmd)
+        wiring.connect(m, hq.dma_wdata, qdma.wr_data)
+        m.d.comb += hq.dma_wdone.eq(qdma.wr_done.valid)
+        wiring.connect(m, qdma.m_axi, arb.s0)
+        wiring.connect(m, dma.m_axi, arb.s1)
+        wiring.connect(m, arb.m, wiring.flipped(self.m_axi))
 
 
 class NicPair(wiring.Component):
