@@ -18,6 +18,7 @@ The model drives ``clk`` (its ``user_clk``, 250 MHz) and ``rst`` (``user_reset``
 the hard block does; a testbench must not start its own clock on ``clk``.
 """
 
+import functools
 import logging
 
 from cocotb.triggers import FallingEdge, Timer, with_timeout
@@ -61,34 +62,42 @@ def _pow2(n):
 class SimPcieDevice(Device):
     """A ``stellar_pcie_usp`` top behind a simulated root complex (see the module docstring).
 
-    Parameters: ``mps`` / ``mrrs`` (max payload and max read request size, bytes, programmed
+    Parameters: ``prefix`` (the top's ports are ``{prefix}_clk``, ``{prefix}_m_axis_rq_*``, ...;
+    "" for ``stellar_pcie_usp``, "a" / "b" for ``stellar_pcie2``), ``mps`` / ``mrrs`` (max
+    payload and max read request size, bytes, programmed
     into the device by enumeration), ``rcb_split`` (the root complex cuts every read completion
     at the 64-byte read completion boundary instead of at the max payload size),
     ``pause`` (probability of a stalled cycle on every stream the model drives or takes:
     CQ, RC sources and RQ, CC sinks), ``seed_name`` prefix of the pause generators.
     """
 
-    def __init__(self, dut, *, mps=256, mrrs=512, rcb_split=True, pause=0.0, log_level=logging.WARNING):
+    def __init__(self, dut, *, prefix="", mps=256, mrrs=512, rcb_split=True, pause=0.0,
+                 log_level=logging.WARNING):
         self.dut = dut
-        self.log = logging.getLogger("cocotb.pcie")
+        p = f"{prefix}_" if prefix else ""
+        self.prefix = prefix
+        self.clk = getattr(dut, f"{p}clk")
+        self.rst = getattr(dut, f"{p}rst")
+        self.log = logging.getLogger(f"cocotb.pcie{'.' + prefix if prefix else ''}")
         self.rc = RootComplex()
         self.rc.max_payload_size = (mps // 128 - 1).bit_length()
         self.rc.max_read_request_size = (mrrs // 128 - 1).bit_length()
         self.rc.split_on_all_rcb = rcb_split
-        msi = {f"cfg_interrupt_msi_{n}": getattr(dut, f"cfg_interrupt_msi_{n}") for n in _MSI_SIGNALS
-               if hasattr(dut, f"cfg_interrupt_msi_{n}")}
+        msi = {f"cfg_interrupt_msi_{n}": getattr(dut, f"{p}cfg_interrupt_msi_{n}")
+               for n in _MSI_SIGNALS if hasattr(dut, f"{p}cfg_interrupt_msi_{n}")}
         self.model = UltraScalePlusPcieDevice(
             # 64-bit interface at 250 MHz: Gen3 x2 (16 Gb/s each way, one 64-bit beat a clock)
             pcie_generation=3, pcie_link_width=2, user_clk_frequency=250e6, alignment="dword",
             max_payload_size=1024, enable_client_tag=True, enable_extended_tag=False,
             pf0_msi_enable=True, pf0_msi_count=MSI_VECTORS,
-            user_clk=dut.clk, user_reset=dut.rst,
-            rq_bus=AxiStreamBus.from_prefix(dut, "m_axis_rq"),
-            rc_bus=AxiStreamBus.from_prefix(dut, "s_axis_rc"),
-            cq_bus=AxiStreamBus.from_prefix(dut, "s_axis_cq"),
-            cc_bus=AxiStreamBus.from_prefix(dut, "m_axis_cc"),
-            pcie_cq_np_req=dut.pcie_cq_np_req,
-            cfg_max_payload=dut.cfg_max_payload, cfg_max_read_req=dut.cfg_max_read_req,
+            user_clk=self.clk, user_reset=self.rst,
+            rq_bus=AxiStreamBus.from_prefix(dut, f"{p}m_axis_rq"),
+            rc_bus=AxiStreamBus.from_prefix(dut, f"{p}s_axis_rc"),
+            cq_bus=AxiStreamBus.from_prefix(dut, f"{p}s_axis_cq"),
+            cc_bus=AxiStreamBus.from_prefix(dut, f"{p}m_axis_cc"),
+            pcie_cq_np_req=getattr(dut, f"{p}pcie_cq_np_req"),
+            cfg_max_payload=getattr(dut, f"{p}cfg_max_payload"),
+            cfg_max_read_req=getattr(dut, f"{p}cfg_max_read_req"),
             **msi)
         for lg in (self.model.log, self.rc.log, self.model.rq_sink.log, self.model.rc_source.log,
                    self.model.cq_source.log, self.model.cc_sink.log):
@@ -99,7 +108,7 @@ class SimPcieDevice(Device):
             from .tb import pause_generator
             for name, port in (("cq", self.model.cq_source), ("rc", self.model.rc_source),
                                ("rq", self.model.rq_sink), ("cc", self.model.cc_sink)):
-                port.set_pause_generator(pause_generator(pause, name=f"pcie.{name}"))
+                port.set_pause_generator(pause_generator(pause, name=f"pcie{prefix}.{name}"))
         self.pdev = None
         self.bar0 = None
         self.irq_count = 0
@@ -113,7 +122,7 @@ class SimPcieDevice(Device):
         return dev
 
     async def enumerate(self):
-        await FallingEdge(self.dut.rst)
+        await FallingEdge(self.rst)
         await Timer(100, "ns")
         await self.rc.enumerate()
         self.pdev = self.rc.find_device(self.model.functions[0].pcie_id)
@@ -192,3 +201,15 @@ class SimPcieDevice(Device):
     async def close(self):
         """Nothing to release in simulation beyond the mappings (dropped with the simulator)."""
         self.bar0 = None
+
+
+@functools.cache
+def pcie_verilog(qps=16, two=False):
+    """The ``stellar_pcie_usp`` (``two``: ``stellar_pcie2``) Verilog the PCIe testbenches run
+    (exported once per process, cached on disk by ``stellar.sim.verilog``); returns
+    ``(top name, path, params)``."""
+    from stellar.hdl.top.pcie import PAIR_NAME, TOP_NAME, verilog_top
+    from stellar.sim.verilog import export_verilog
+    params = {"qps": qps, "two": True} if two else {"qps": qps}
+    name = PAIR_NAME if two else TOP_NAME
+    return name, export_verilog(name, verilog_top, params), params
