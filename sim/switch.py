@@ -1130,18 +1130,27 @@ class Switch:
 
     @classmethod
     def from_prefixes(cls, dut, a="a", b="b", *, config_ab=None, config_ba=None, clock=None,
-                      reset=None, tx="m_axis_tx", rx="s_axis_rx", history=100_000):
+                      reset=None, tx="m_axis_tx", rx="s_axis_rx", history=100_000,
+                      domains=False):
+        """``domains``: each side has its own clock and reset (``{a}_clk`` / ``{a}_rst``, as
+        ``stellar_pcie2``); a link's sink runs on its sender's clock, its source and its
+        timebase on its receiver's (the clocks must have the same period)."""
         from cocotbext.axi import AxiStreamBus, AxiStreamSink, AxiStreamSource
-        clock = clock if clock is not None else dut.clk
+        clock = clock if clock is not None else (None if domains else dut.clk)
         reset = reset if reset is not None else getattr(dut, "rst", None)
+
+        def side(p):
+            if domains:
+                return getattr(dut, f"{p}_clk"), getattr(dut, f"{p}_rst")
+            return clock, reset
         links = []
         for src, dst, cfg in ((a, b, config_ab), (b, a, config_ba)):
-            sink = AxiStreamSink(AxiStreamBus.from_prefix(dut, f"{src}_{tx}"), clock, reset)
-            source = AxiStreamSource(AxiStreamBus.from_prefix(dut, f"{dst}_{rx}"), clock, reset)
+            sink = AxiStreamSink(AxiStreamBus.from_prefix(dut, f"{src}_{tx}"), *side(src))
+            source = AxiStreamSource(AxiStreamBus.from_prefix(dut, f"{dst}_{rx}"), *side(dst))
             for bfm in (sink, source):      # the link's history replaces a log line per frame
                 bfm.log.setLevel(max(bfm.log.getEffectiveLevel(), logging.WARNING))
-            links.append(Link(cfg or LinkConfig(), sink, source, clock, name=f"{src}->{dst}",
-                              history=history))
+            links.append(Link(cfg or LinkConfig(), sink, source, side(dst)[0],
+                              name=f"{src}->{dst}", history=history))
         return cls(*links)
 
     def start(self):
