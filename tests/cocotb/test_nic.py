@@ -46,7 +46,7 @@ def test_remote_errors(width):
 
 
 def test_sim_job(tmp_path):
-    """``make sim``: two NICs through a lossy switch; the summary file says what happened."""
+    """``make sim-nic``: two NIC cores through a lossy switch; the summary file says what happened."""
     import json
 
     from stellar.sim import nic_sim
