@@ -244,6 +244,9 @@ async def demo(dut):
     problems = check(tb, got, recv_checks)
     mmio = {n: tuple(b - a for a, b in zip(mmio0[n], s.host.ctx.mmio.snapshot(), strict=True))
             for n, s in tb.side.items()}
+    # the counters of the traffic above, then the latency probe
+    transport = {n: await counters(s.host.ctx, "transport") for n, s in tb.side.items()}
+    hostq = {n: await counters(s.host.ctx, "hostq") for n, s in tb.side.items()}
     lat = await latency_probe(tb)
     nbytes = sum(len(d) for s in tb.side.values() for _w, _a, _o, d in s.expect) \
         + sum(n for _s, op, n, *_ in recv_checks if op != WrOpcode.RDMA_WRITE_WITH_IMM)
@@ -257,8 +260,7 @@ async def demo(dut):
         "mmio": {n: {"reads": r, "writes": w} for n, (r, w) in mmio.items()},
         "mmio_writes_per_wr": sum(w for _r, w in mmio.values()) / wrs,
         "latency_cycles": lat, "problems": problems,
-        "transport": {n: await counters(s.host.ctx, "transport") for n, s in tb.side.items()},
-        "hostq": {n: await counters(s.host.ctx, "hostq") for n, s in tb.side.items()},
+        "transport": transport, "hostq": hostq,
         "switch": {k: {c: int(v) for c, v in d.items() if not isinstance(v, dict)}
                    for k, d in tb.switch.counters().items()},
     }
