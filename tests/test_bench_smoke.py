@@ -93,3 +93,41 @@ def test_bench_cc_report_from_runs(tmp_path):
     assert "| 2 | DCQCN | 0.990 | 90.0 % |" in table and "**40 cycles**" in table
     pngs = bench_cc.plots(runs, tmp_path)
     assert len(pngs) == 3 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_bench_host_report_from_a_run(tmp_path):
+    """The host bench's plan and report: the document of a small run shaped as
+    ``stellar.sim.tb_cli`` writes it for a ``bench`` request (PerfResult dicts from
+    ``stellar.host.perf``; the simulation itself is tests/cocotb/test_cli_cocotb.py's business)."""
+    from stellar.host.perf import LatencyStats, PerfResult
+    from stellar.sim import bench_host
+    runs = bench_host.plan(quick=True, sizes=[64, 4096])
+    assert [r["label"] for r in runs] == ["bandwidth", "bandwidth", "mmio_unbatched",
+                                         "mmio_batched", "completion_latency", "pingpong_latency"]
+    for r in runs:      # every request is one host.perf accepts (a full queue holds a signaled WR)
+        assert r["command"] == "perf" and 1 <= r["batch"] <= r["tx_depth"]
+        assert 1 <= r["signal_every"] <= r["tx_depth"] - r["batch"] + 1
+        assert r["test"] == "write_lat" or r["iters"] % r["batch"] == 0
+
+    def result(req, size):
+        n, hz = req["iters"], 250e6
+        seconds = n * (size + 200) / 1e9
+        lists = -(-n // req["batch"])
+        return PerfResult(test=req["test"], size=size, iters=n, tx_depth=req["tx_depth"],
+                          batch=req["batch"], signal_every=req["signal_every"], bytes=n * size,
+                          messages=n, seconds=seconds, clock="simulated", hz=hz,
+                          latency=LatencyStats.of([(300 + i) / hz for i in range(8)], hz),
+                          mmio_writes=lists, mmio_reads=0, sq_doorbells=lists, verified=True)
+    doc = {"command": "bench", "simulated": {"seed": 7, "pause": 0.0},
+           "docs": [{"label": req["label"], "command": "perf", "test": req["test"],
+                     "runs": [{"result": result(req, s).to_dict(), "counters": {}}
+                              for s in req["sizes"]]} for req in runs]}
+    table = bench_host.write_report(doc, tmp_path, elapsed_s=1.0, mode="quick")
+    assert table.startswith("### Host driver and host queues")
+    assert "| 4096 | 8 | " in table and "| 8 | 1 in 8 | 64 | 8 | 8 | 0 | 0.125 | 0.000 |" in table
+    assert "| doorbell to CQE in memory | 64 | 8 | 300 | 304 | 307 | 307 |" in table
+    report = json.loads((tmp_path / "host_perf.json").read_text())
+    assert {"generated", "seed", "pause", "mode", "elapsed_s", "rows", "simulation"} <= report.keys()
+    assert [r["size"] for r in report["rows"]["bandwidth"]] == [64, 4096]
+    assert report["rows"]["mmio"][0]["writes_per_wr"] == 1.0
+    assert (tmp_path / "host_perf.md").read_text() == table
