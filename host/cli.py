@@ -274,17 +274,24 @@ async def device_info(dev, name):
     return info
 
 
-async def device_stats(dev, name):
+async def device_stats(dev, name, *, blocks=None, feats=None):
     """``{name, counters: {block: {counter: value}}}``, every counter of every block the device
-    lists, in the feature list's order."""
+    lists (or of ``blocks``), in the feature list's order; ``feats``: the feature list when
+    already read."""
     out = {}
-    for f in await features(dev):
+    for f in feats or await features(dev):
+        if blocks is not None and f["name"] not in blocks:
+            continue
         try:
             block = REGMAP.block(f["name"])
         except KeyError:
             continue
         out[f["name"]] = {r.name: await dev.read32(f["base"] + r.offset) for r in block.counters}
     return {"name": name, "counters": out}
+
+
+#: the blocks whose counters a perf run reports (what moves with RC traffic)
+PERF_COUNTER_BLOCKS = ("pktengine", "mr", "transport", "hostq")
 
 
 def decode_ring(kind, words):
@@ -343,7 +350,7 @@ async def execute(request, nics, *, make_pair=None, clock=None, progress=None):
     """Run ``request`` (:func:`request_from_args`) on ``nics``: ``[(name, device, ctx or
     None)]``. ``perf`` needs ``make_pair`` (an async callable returning a connected
     :class:`~stellar.host.perf.PerfPair`) and a ``clock``; its document also holds, per size,
-    the counters of every NIC that moved during the run."""
+    the counters of every NIC that moved during the run (blocks :data:`PERF_COUNTER_BLOCKS`)."""
     cmd = request["command"]
     if cmd == "info":
         return {"command": cmd, "devices": [await device_info(d, n) for n, d, _c in nics]}
@@ -357,15 +364,20 @@ async def execute(request, nics, *, make_pair=None, clock=None, progress=None):
         raise ValueError(f"unknown command {cmd!r}")
     from .perf import TESTS
     pair = await make_pair()
+    feats = [await features(d) for _n, d, _c in nics]
+
+    async def snapshot():
+        return [await device_stats(d, n, blocks=PERF_COUNTER_BLOCKS, feats=f)
+                for (n, d, _c), f in zip(nics, feats, strict=True)]
     runs = []
     try:
         for size in request["sizes"]:
-            before = [await device_stats(d, n) for n, d, _c in nics]
+            before = await snapshot()
             result = await TESTS[request["test"]](
                 pair, size=size, iters=request["iters"], clock=clock,
                 tx_depth=request["tx_depth"], batch=request["batch"],
                 signal_every=request["signal_every"], progress=progress)
-            after = [await device_stats(d, n) for n, d, _c in nics]
+            after = await snapshot()
             runs.append({"result": result.to_dict(),
                          "counters": {a["name"]: _delta(b, a) for b, a in zip(before, after,
                                                                               strict=True)}})
