@@ -9,9 +9,10 @@ model (``stellar.sim.switch``, lossless) joins the two wires.
 
 Parameters (``STELLAR_TB_*``): ``request``, the command as JSON
 (``stellar.host.cli.request_from_args``); ``pause``, the probability of a stalled cycle on every
-PCIe stream. ``STELLAR_TB_OUT``: the run folder; the testbench appends progress lines to
-``progress.log`` there (the CLI shows them while the simulation runs) and writes the command's
-result document to ``result.json``.
+PCIe stream; ``poll`` (default 1), clocks between two polls of the perf routines.
+``STELLAR_TB_OUT``: the run folder; the testbench appends progress lines to ``progress.log``
+there (the CLI shows them while the simulation runs) and writes the command's result document
+to ``result.json``.
 
 A ``bench`` request (``stellar.sim.bench_host``) holds several perf requests (``runs``), each run
 on a fresh pair; its document lists their documents.
