@@ -80,27 +80,27 @@ CQ_ENTRIES = 4096       # a CQ doorbell every 1024 CQEs polled: rare enough to v
 # ------------------------------------------------------------------------------------ errors
 class PerfError(StellarError):
     """A measurement could not complete."""
-    code = "E7000"
+    code = "E7100"
 
 
 class DataMismatch(PerfError):
     """After a run the destination memory differs from the source: data was lost or corrupted
     on the way (the transport reported success)."""
-    code = "E7001"
+    code = "E7101"
     default_fix = ("report it with the seed and the command line: a completed transfer must "
                    "deliver every byte; `stellar stats` shows the drop and retransmit counters")
 
 
 class CompletionError(PerfError):
     """A work request of the measurement completed with an error status."""
-    code = "E7002"
+    code = "E7102"
     default_fix = ("check the link between the two QPs (`stellar stats`: retransmits, timeouts, "
                    "rx_drop_*) and the QP states (`stellar qp list`)")
 
 
 class PerfTimeout(PerfError, TimeoutError):
     """No completion (or no ping-pong reply) arrived within the clock's timeout."""
-    code = "E7003"
+    code = "E7103"
     default_fix = ("check that the link is up (a loopback pair needs the port looped back or a "
                    "switch that hairpins) and `stellar qp list` for QPs in ERROR")
 

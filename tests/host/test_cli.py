@@ -368,7 +368,7 @@ def bw(net, **kw):
 def test_perf_errors():
     with pytest.raises(perf.DataMismatch, match="1 of 640 destination bytes differ") as e:
         bw(FakeNet(corrupt=True))
-    assert e.value.code == "E7001" and e.value.offset == 3 * 64
+    assert e.value.code == "E7101" and e.value.offset == 3 * 64
     with pytest.raises(perf.CompletionError, match="REM_ACCESS_ERR"):
         bw(FakeNet(fail_wr=5))
     with pytest.raises(perf.PerfTimeout, match="0 of 4 WRs completed"):
