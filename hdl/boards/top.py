@@ -91,9 +91,10 @@ class BoardConfig:
     ``tx_fifo_bytes``: the MAC's receive / transmit packet FIFOs (2048 bytes is one EBR on ECP5,
     4096 two behind a 2:1 mux, which costs the block RAM's slow output a LUT on the way to its
     register: the 25F at speed 6 takes 2048 to meet 125 MHz; one 1522-byte frame plus the next
-    one's head still keeps line rate, the next frame filling as the current one drains); ``core``: False builds the shell without ``NicCore`` (the bridge reaches
-    ident and the mac block, the MAC echoes what it receives), the board bring-up image for a
-    part that cannot hold the core."""
+    one's head still keeps line rate, the next frame filling as the current one drains);
+    ``core``: False builds the shell without ``NicCore`` (the bridge reaches ident and the mac
+    block, the MAC echoes what it receives), the board bring-up image for a part that cannot
+    hold the core."""
     qps: int = 256
     data_width: int = 64
     core_mhz: float = 125.0
