@@ -53,6 +53,7 @@ completion the connection's QP is in ERROR; ``connect(peer)`` on both ends again
 and brings it back to RTS with fresh PSNs.
 """
 
+import abc
 import asyncio
 import dataclasses
 import ipaddress
@@ -386,20 +387,23 @@ class EndpointConfig:
 
 
 # -------------------------------------------------------------------------------- OOB channels
-class OobChannel:
+class OobChannel(abc.ABC):
     """Messages to and from named peers: ``send(peer, tag, body)`` (a JSON-able dict) and
-    ``recv(peer, tag, timeout)`` (the oldest message of that tag from that peer)."""
+    ``recv(peer, tag, timeout)`` (the oldest message of that tag from that peer). The interface
+    of :class:`LocalOob` and :class:`TcpOob`."""
 
     name = None
 
+    @abc.abstractmethod
     async def send(self, peer, tag, body):
-        raise NotImplementedError
+        """Queue ``body`` for ``peer`` under ``tag``."""
 
+    @abc.abstractmethod
     async def recv(self, peer, tag, timeout=None):
-        raise NotImplementedError
+        """The oldest ``tag`` message from ``peer`` (waits at most ``timeout`` seconds)."""
 
-    async def close(self):
-        pass
+    async def close(self):  # noqa: B027 -- optional: a channel without resources keeps it
+        """Release the channel's resources (none by default)."""
 
 
 class LocalHub:

@@ -42,6 +42,7 @@ simulation supplies its own (``stellar.sim.tb_cli.SimClock``: simulated seconds,
 one poll per clock), since this package never imports cocotb.
 """
 
+import abc
 import asyncio
 import dataclasses
 import math
@@ -106,8 +107,9 @@ class PerfTimeout(PerfError, TimeoutError):
 
 
 # ------------------------------------------------------------------------------------- clock
-class Clock:
-    """Time for the routines: ``now()`` in seconds, ``idle()`` lets the device work for one poll
+class Clock(abc.ABC):
+    """Time for the routines (the interface of :class:`WallClock` and the simulation's
+    ``SimClock``): ``now()`` in seconds, ``idle()`` lets the device work for one poll
     interval, ``hz`` the cycle rate when time is a clock's (simulation; None on hardware),
     ``timeout`` seconds without progress before :class:`PerfTimeout`, ``kind`` names it."""
 
@@ -115,11 +117,13 @@ class Clock:
     hz = None
     timeout = 10.0
 
+    @abc.abstractmethod
     def now(self):
-        raise NotImplementedError
+        """Seconds, monotonic."""
 
+    @abc.abstractmethod
     async def idle(self):
-        raise NotImplementedError
+        """Let the device work for one poll interval."""
 
     def cycles(self, seconds):
         return None if self.hz is None else round(seconds * self.hz)
