@@ -87,6 +87,7 @@ from stellar.hdl.regmap import (
     FEATURE_NAMES,
     MAGIC,
     REGMAP,
+    HostqCommand,
     decode_feature,
     decode_version,
 )
@@ -160,16 +161,6 @@ class WcFlags(enum.IntFlag):
     GRH = 1 << 0
     WITH_IMM = 1 << 1
     WITH_INV = 1 << 3
-
-
-class HostqCommand(enum.IntEnum):
-    """``hostq.command`` codes (stellar.hdl.regmap.hostq_block)."""
-    WRITE_SQ = 1
-    WRITE_RQ = 2
-    WRITE_CQ = 3
-    READ_SQ = 5
-    READ_RQ = 6
-    READ_CQ = 7
 
 
 class NotSupported(StellarError, ValueError):
@@ -487,7 +478,8 @@ class Context:
                 raise DeviceError("hostq: ring command still busy after 10000 status reads",
                                   fix="check that the device is alive (`stellar info`)")
             if status & 2:
-                raise DeviceError(f"hostq: command {HostqCommand(command).name} for {index} "
+                name = next(k for k, v in vars(HostqCommand).items() if v == command)
+                raise DeviceError(f"hostq: command {name} for {index} "
                                   "refused (index out of range or written while busy)")
 
     async def ring_state(self, kind, index):

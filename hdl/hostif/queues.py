@@ -134,7 +134,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from ..csr import block_signature
-from ..dma.engine import cmd_layout
+from ..dma.engine import Dma, cmd_layout
 from ..flow.layouts import struct_layout
 from ..net.layout import beat_layout
 from ..regmap import HOSTQ_WORDS, HostqCommand, hostq_block, hostq_config
@@ -151,7 +151,7 @@ from .formats import (
     SQ_WQE_BYTES,
 )
 
-__all__ = ["HostQueues", "CHUNK_BITS"]
+__all__ = ["HostQueues", "CHUNK_BITS", "queue_dma", "connect_queue_dma"]
 
 CHUNK_BITS = 256            # 32 bytes: an RQ WQE, half an SQ WQE, a CQE
 BASE_SHIFT = 6              # rings are aligned to at least 64 bytes: bases are stored >> 6
@@ -802,3 +802,20 @@ class HostQueues(wiring.Component):
                     m.d.comb += fifo.r_en.eq(1)
                 with m.Else():
                     m.d.sync += k.eq(k + 1)
+
+
+def queue_dma(data_width, max_batch):
+    """The queue engine's own ``Dma``: its transfers are short (a batch of WQEs, one CQE), so
+    small bursts and a read buffer of two batches are plenty. IDs 0-7 (``id_width`` 3), to share
+    an AXI4 port through ``Axi4Arbiter``."""
+    return Dma(data_width, id_width=3, max_burst=16, outstanding=4,
+               buffer=max(32, 2 * max_batch * 64 * 8 // data_width), wr_outstanding=4)
+
+
+def connect_queue_dma(m, hq, qdma):
+    """Join ``HostQueues`` ``hq`` and its ``Dma`` ``qdma`` in module ``m``."""
+    wiring.connect(m, hq.dma_rcmd, qdma.rd_cmd)
+    wiring.connect(m, qdma.rd_data, hq.dma_rdata)
+    wiring.connect(m, hq.dma_wcmd, qdma.wr_cmd)
+    wiring.connect(m, hq.dma_wdata, qdma.wr_data)
+    m.d.comb += hq.dma_wdone.eq(qdma.wr_done.valid)

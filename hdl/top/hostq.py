@@ -48,7 +48,7 @@ from ..csr import AxiLiteCsrBank
 from ..dma.axi4 import Axi4Signature
 from ..dma.engine import Dma
 from ..hostif.axi_arbiter import Axi4Arbiter
-from ..hostif.queues import HostQueues
+from ..hostif.queues import HostQueues, connect_queue_dma, queue_dma
 from ..regmap import REGMAP
 from .cli import verilog_main
 from .dma import CmdAxisSignature
@@ -70,10 +70,7 @@ class HostqTop(wiring.Component):
         self.data_width = data_width
         self.queues = HostQueues(data_width, qps=qps, cqs=cqs, sq_depth=sq_depth,
                                  rq_depth=rq_depth, max_batch=max_batch, out_depth=max_batch)
-        # The queue engine's transfers are short (a few WQEs, one CQE): small bursts and a read
-        # buffer of a few bursts are plenty.
-        self.qdma = Dma(data_width, id_width=3, max_burst=16, outstanding=4,
-                        buffer=max(32, 2 * max_batch * 64 * 8 // data_width), wr_outstanding=4)
+        self.qdma = queue_dma(data_width, max_batch)
         self.pdma = Dma(data_width, id_width=3)
         self.arbiter = Axi4Arbiter(data_width=data_width, id_width=3)
         super().__init__({
@@ -105,11 +102,7 @@ class HostqTop(wiring.Component):
         wiring.connect(m, hq.csr, csr.hostq)
 
         # queue engine <-> its DMA
-        wiring.connect(m, hq.dma_rcmd, qdma.rd_cmd)
-        wiring.connect(m, qdma.rd_data, hq.dma_rdata)
-        wiring.connect(m, hq.dma_wcmd, qdma.wr_cmd)
-        wiring.connect(m, hq.dma_wdata, qdma.wr_data)
-        m.d.comb += hq.dma_wdone.eq(qdma.wr_done.valid)
+        connect_queue_dma(m, hq, qdma)
 
         # both DMAs -> arbiter -> host memory
         wiring.connect(m, qdma.m_axi, arb.s0)

@@ -45,7 +45,7 @@ from ..dma.axi4 import Axi4Signature
 from ..dma.engine import Dma
 from ..flow.rxflow import RxFlowPipeline
 from ..hostif.axi_arbiter import Axi4Arbiter
-from ..hostif.queues import HostQueues
+from ..hostif.queues import HostQueues, connect_queue_dma, queue_dma
 from ..net.deparser import Deparser
 from ..regmap import REGMAP
 from ..transport.engine import RcTransport
@@ -196,11 +196,7 @@ class NicCore(wiring.Component):
         m.submodules.hostq = hq = HostQueues(W, qps=self.qps, cqs=self.qps, sq_depth=self.sq_depth,
                                              rq_depth=self.rq_depth, max_batch=self.max_batch,
                                              out_depth=self.max_batch)
-        # The queue engine's transfers are short (a batch of WQEs, one CQE): small bursts, a
-        # read buffer of two batches.
-        m.submodules.qdma = qdma = Dma(W, id_width=3, max_burst=16, outstanding=4,
-                                       buffer=max(32, 2 * self.max_batch * 64 * 8 // W),
-                                       wr_outstanding=4)
+        m.submodules.qdma = qdma = queue_dma(W, self.max_batch)
         m.submodules.arbiter = arb = Axi4Arbiter(data_width=W, id_width=3)
         wiring.connect(m, hq.csr, csr.hostq)
         wiring.connect(m, hq.wr, tp.wr)
@@ -209,11 +205,7 @@ class NicCore(wiring.Component):
         wiring.connect(m, tp.sq_retire, hq.sq_retire)
         wiring.connect(m, tp.rq_retire, hq.rq_retire)
         wiring.connect(m, hq.msi, wiring.flipped(self.msi))
-        wiring.connect(m, hq.dma_rcmd, qdma.rd_cmd)
-        wiring.connect(m, qdma.rd_data, hq.dma_rdata)
-        wiring.connect(m, hq.dma_wcmd, qdma.wr_cmd)
-        wiring.connect(m, hq.dma_wdata, qdma.wr_data)
-        m.d.comb += hq.dma_wdone.eq(qdma.wr_done.valid)
+        connect_queue_dma(m, hq, qdma)
         wiring.connect(m, qdma.m_axi, arb.s0)
         wiring.connect(m, dma.m_axi, arb.s1)
         wiring.connect(m, arb.m, wiring.flipped(self.m_axi))
