@@ -72,20 +72,38 @@ L4_WINDOW = H.UDP.size + H.BTH.size + 28   # UDP + BTH + the longest extension c
 POS_BITS = 17   # absolute byte offsets: IPv4 total length (16 bits) + Ethernet/VLAN header
 
 
+def tree_sum(values):
+    """Sum of Values as a balanced adder tree (log2(n) adders deep, not a chain of n - 1)."""
+    values = list(values)
+    while len(values) > 1:
+        values = [values[i] + values[i + 1] if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
+
+
 def ones_complement_sum(words):
     """Sum of 16-bit Values with end-around carry (two folds suffice for up to 2^16 words)."""
-    total = sum(words[1:], words[0])
+    total = tree_sum(words)
     folded = total[:16] + total[16:]
     return (folded[:16] + folded[16:])[:16]
 
 
-def ipv4_header_sum(ip_lanes, ihl):
-    """One's complement sum of an IPv4 header (lanes, up to 60 bytes) over its ``ihl`` words."""
+def _ipv4_words(ip_lanes, ihl):
     words = []
     for w in range(30):
         be = Cat(ip_lanes[w * 16 + 8:w * 16 + 16], ip_lanes[w * 16:w * 16 + 8])
         words.append(Mux(w < ihl * 2, be, 0) if w >= 10 else be)
-    return ones_complement_sum(words)
+    return words
+
+
+def ipv4_words_sum(ip_lanes, ihl):
+    """Raw (unfolded, 21-bit) sum of an IPv4 header's 16-bit words over its ``ihl`` words."""
+    return tree_sum(_ipv4_words(ip_lanes, ihl))
+
+
+def ipv4_header_sum(ip_lanes, ihl):
+    """One's complement sum of an IPv4 header (lanes, up to 60 bytes) over its ``ihl`` words."""
+    return ones_complement_sum(_ipv4_words(ip_lanes, ihl))
 
 
 def ipv4_checksum_ok(ip_lanes, ihl):
