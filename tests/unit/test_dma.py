@@ -501,7 +501,7 @@ def test_line_rate_and_latency(width):
     # Latency from the first command transfer (see the DmaWriter / DmaReader docstrings).
     assert s.aw_log[0][0] - bench.wcmd_src.transfers[0].cycle == 2
     assert w[0] - bench.wcmd_src.transfers[0].cycle == 4
-    assert s.ar_log[0][0] - bench.rcmd_src.transfers[0].cycle == 2
+    assert s.ar_log[0][0] - bench.rcmd_src.transfers[0].cycle == 3
     first_r = s.ar_log[0][0] + 2                    # the slave's fixed read latency
     assert o[0] - first_r == 3
     # done: one cycle after the B response of each command's last burst.
@@ -515,15 +515,15 @@ def test_line_rate_and_latency(width):
 
 @pytest.mark.parametrize("width", [64, 512])
 def test_zero_length_latency(width):
-    """Zero-length commands alone: no bus traffic, the writer's ``done`` and the reader's
-    empty beat 4 cycles after the command transfer."""
+    """Zero-length commands alone: no bus traffic, the writer's ``done`` 4 cycles and the
+    reader's empty beat 5 cycles after the command transfer."""
     rng = seeded_rng(f"dma-zero-{width}", 8)
     bench = Bench(width, 256, rng, region=1 << 14)
     bench.run([(100, 0)], [(200, 0)], p_ready=1.0, p_valid=1.0, p_src=1.0, p_sink=1.0)
     bench.check()
     assert not (bench.slave.aw_log or bench.slave.ar_log or bench.slave.w_edges)
     assert bench.watch.pulses[0][0] - bench.wcmd_src.transfers[0].cycle == 4
-    assert bench.sink.frames[0].cycles[0] - bench.rcmd_src.transfers[0].cycle == 4
+    assert bench.sink.frames[0].cycles[0] - bench.rcmd_src.transfers[0].cycle == 5
 
 
 @pytest.mark.parametrize("latency", [2, 10])

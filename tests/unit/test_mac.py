@@ -18,10 +18,11 @@ from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from stellar.hdl.axis import stream_to_axis
-from stellar.hdl.mac.cdc import COUNTERS, BytePacker, ByteUnpacker, MacCore, SkidBuffer
+from stellar.hdl.mac.cdc import COUNTERS, BytePacker, ByteUnpacker, MacCore
 from stellar.hdl.mac.gmii import GmiiRx, GmiiTx
 from stellar.hdl.mac.rgmii import RgmiiPhy
 from stellar.hdl.net.layout import beat_layout
+from stellar.hdl.skid import SkidBuffer
 from stellar.sim.amaranth_streams import FrameSink, FrameSource, run_seeds, run_streams, seeded_rng
 
 PRE = bytes([0x55] * 7 + [0xD5])
