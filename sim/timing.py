@@ -350,6 +350,30 @@ def _rxflow(qps, width, mr_entries, mr_pages, **_):
                           pass_mr_failures=True)
 
 
+# The receive pipeline's own blocks, built as RxFlowPipeline.elaborate builds them: the pipeline
+# is the core's largest block (~23 k LUT4), too big to route out of context in minutes; its parts
+# are not.
+def _rxparser(width, **_):
+    from stellar.hdl.net.parser import Parser
+    return Parser(width)
+
+
+def _flowtable(qps, **_):
+    from stellar.hdl.flow.cuckoo import FlowTable
+    return FlowTable(qps)
+
+
+def _mr(mr_entries, mr_pages, **_):
+    from stellar.hdl.flow.mr import MrProtection
+    return MrProtection(mr_entries, mr_pages)
+
+
+def _qpctx(qps, **_):
+    from stellar.hdl.flow.qpctx import QpContextStore
+    from stellar.hdl.flow.rxflow import ann_layout
+    return QpContextStore(qps, user_width=ann_layout(max(1, (qps - 1).bit_length())).size)
+
+
 def _transport(qps, width, sq_depth, rq_depth, **_):
     from stellar.hdl.transport.engine import RcTransport
     return RcTransport(width, qps=qps, sq_depth=sq_depth, rq_depth=rq_depth)
@@ -378,7 +402,7 @@ def _csr(**_):
 
 TARGETS = {"rp": _rp, "sched": _sched, "np": _np, "cc": _cc, "rxflow": _rxflow,
            "transport": _transport, "txbuild": _txbuild, "deparser": _deparser, "dma": _dma,
-           "csr": _csr}
+           "csr": _csr, "rxparser": _rxparser, "flowtable": _flowtable, "mr": _mr, "qpctx": _qpctx}
 
 
 def _short(name, n=90):

@@ -18,9 +18,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::amaranth.hdl._ir.UnusedElaborat
 # target -> NicCore's submodule name
 NIC_BLOCKS = {"rxflow": "pipe", "transport": "transport", "txbuild": "builder",
               "deparser": "deparser", "dma": "dma", "csr": "csr", "cc": "cc"}
+# target -> submodule name inside NicCore's receive pipeline (RxFlowPipeline)
+RX_BLOCKS = {"rxparser": "parser", "flowtable": "flow", "mr": "mr", "qpctx": "store"}
 # the attributes that tell two instances' parameters apart (where the class keeps them)
 PARAMS = ("data_width", "qps", "sq_depth", "rq_depth", "mr_entries", "mr_pages", "index_bits",
-          "pass_mr_failures")
+          "pass_mr_failures", "capacity", "entries", "pages", "depth", "user_width", "queue")
 
 
 def _kw(cfg, **over):
@@ -36,15 +38,18 @@ def nic_blocks():
     nic = NicCore(cfg.data_width, qps=cfg.qps, sq_depth=cfg.sq_depth, rq_depth=cfg.rq_depth,
                   mr_entries=cfg.mr_entries, mr_pages=cfg.mr_pages)
     m = nic.elaborate(None)
-    return cfg, {t: m.submodules[name] for t, name in NIC_BLOCKS.items()}
+    blocks = {t: m.submodules[name] for t, name in NIC_BLOCKS.items()}
+    rx = blocks["rxflow"].elaborate(None)
+    blocks.update({t: rx.submodules[name] for t, name in RX_BLOCKS.items()})
+    return cfg, blocks
 
 
 def test_targets_cover_nic_blocks():
-    assert set(NIC_BLOCKS) <= set(TARGETS)
+    assert set(NIC_BLOCKS) | set(RX_BLOCKS) <= set(TARGETS)
     assert board_config("ecpix5").qps == 256
 
 
-@pytest.mark.parametrize("target", sorted(NIC_BLOCKS))
+@pytest.mark.parametrize("target", sorted(NIC_BLOCKS) + sorted(RX_BLOCKS))
 def test_target_matches_nic_submodule(nic_blocks, target):
     cfg, blocks = nic_blocks
     ref = blocks[target]
@@ -56,7 +61,8 @@ def test_target_matches_nic_submodule(nic_blocks, target):
             assert getattr(comp, attr) == getattr(ref, attr), attr
 
 
-@pytest.mark.parametrize("target", ["rxflow", "transport", "txbuild", "deparser", "dma", "csr"])
+@pytest.mark.parametrize("target", ["rxflow", "transport", "txbuild", "deparser", "dma", "csr",
+                                    "rxparser", "flowtable", "mr", "qpctx"])
 def test_target_elaborates(target):
     # 16 QPs keeps the conversion quick; the signature test above covers the ECPIX-5 sizes
     comp = TARGETS[target](**_kw(board_config("ecpix5"), qps=16))
