@@ -10,9 +10,18 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .axil import AxiLiteSignature, Resp
-from .regmap import REGMAP
+from .regmap import BLOCK_SIZE, REGMAP
 
 __all__ = ["block_signature", "AxiLiteCsrBank"]
+
+
+def _or_all(values):
+    """OR of ``values`` as a balanced tree (a chain would be as deep as it is long)."""
+    values = list(values)
+    while len(values) > 1:
+        values = [values[i] | values[i + 1] if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
 
 
 def block_signature(block):
@@ -75,8 +84,10 @@ class AxiLiteCsrBank(wiring.Component):
       holding registers (``awready``/``wready`` are low while their entry is full); the write
       is performed once both are present and the B channel is free, and answered on B.
     * One read at a time: ``arready`` is high while no read is pending; the address is taken
-      at the AR handshake, data is captured in the clock after it (``rvalid`` rises 2 clocks
-      after the handshake) and held, with its response, until ``rready``.
+      at the AR handshake, the registers are sampled in the clock after it (into one word per
+      ``BLOCK_SIZE`` group of the map), the addressed group's word is selected a clock later
+      (``rvalid`` rises 3 clocks after the handshake) and held, with its response, until
+      ``rready``.
     * B and R are held stable under backpressure; no output depends combinationally on an input.
     * Responses: OKAY for mapped registers. SLVERR (with ``rdata`` 0) for reads of unmapped
       addresses and for writes to unmapped addresses or to registers the host cannot write
@@ -89,10 +100,11 @@ class AxiLiteCsrBank(wiring.Component):
       of the block; an increment in that same clock is counted (the counter becomes 1).
       They read as 0.
     * Counter latency: an ``_inc`` pulse shows in reads 2 clocks later (increment registered,
-      then added); a clear takes effect 2 clocks after the write is accepted, i.e. in the clock
-      the B response is first offered is still the old value, from the next clock on the
-      cleared one (a read issued after the B handshake always sees it).
-    * Throughput: a write every 2 clocks, a read every 3 clocks, both channels concurrently.
+      then added; a read returns the value of the clock after its AR handshake); a clear takes
+      effect 2 clocks after the write is accepted, i.e. in the clock the B response is first
+      offered is still the old value, from the next clock on the cleared one (a read issued
+      after the B handshake always sees it).
+    * Throughput: a write every 2 clocks, a read every 4 clocks, both channels concurrently.
     """
 
     def __init__(self, regmap=REGMAP, *, addr_width=16):
@@ -214,28 +226,59 @@ class AxiLiteCsrBank(wiring.Component):
             ]
 
         # --- read path -------------------------------------------------------------------
-        # Timing: the address is registered at the AR handshake and the register mux reads
-        # from that register a clock later (address decode plus the 32-bit mux from the bus
-        # inputs took 8.1 ns on a speed-6 ECP5).
+        # Timing: the read is registered in three steps, so no path is wider than one group of
+        # registers. (1) The address is registered at the AR handshake (address decode plus the
+        # 32-bit mux from the bus inputs took 8.1 ns on a speed-6 ECP5). (2) In the clock after
+        # it every group of registers -- one per BLOCK_SIZE window of the map, at most 64 words
+        # -- muxes its own word by the in-group address into a 32-bit register, with a hit bit
+        # that is set only in the addressed group, and only for a mapped word. (3) A clock later
+        # rdata is the OR of the groups' words gated by their hit bits, OKAY if any hit. One
+        # Switch over all 289 registers, as it was, did not route at 125 MHz on an ECP5 (every
+        # register bit fanned into one 289-way mux feeding rdata); so the registers are sampled
+        # in the same clock as before and only rvalid comes a clock later. No read has a side
+        # effect, so nothing else has to move with it.
         ar_addr = Signal(self._addr_width)
-        ar_full = Signal()
-        m.d.comb += bus.arready.eq(~bus.rvalid & ~ar_full)
+        ar_full = Signal()      # step 2 in this clock
+        sel_full = Signal()     # step 3 in this clock
+        m.d.comb += bus.arready.eq(~bus.rvalid & ~ar_full & ~sel_full)
         with m.If(bus.rvalid & bus.rready):
             m.d.sync += bus.rvalid.eq(0)
         with m.If(bus.arvalid & bus.arready):
             m.d.sync += [ar_addr.eq(bus.araddr), ar_full.eq(1)]
         with m.If(ar_full):
-            m.d.sync += [bus.rvalid.eq(1), ar_full.eq(0)]
-            with m.Switch(ar_addr[word]):
-                for block in self._regmap.blocks:
-                    for r in block.registers:
-                        with m.Case((block.base + r.offset) >> 2):
-                            m.d.sync += [
-                                bus.rdata.eq(self._read_value(block, r, counters)),
-                                bus.rresp.eq(Resp.OKAY),
-                            ]
-                with m.Default():
-                    m.d.sync += [bus.rdata.eq(0), bus.rresp.eq(Resp.SLVERR)]
+            m.d.sync += [sel_full.eq(1), ar_full.eq(0)]
+        with m.If(sel_full):
+            m.d.sync += [bus.rvalid.eq(1), sel_full.eq(0)]
+
+        group_bits = (BLOCK_SIZE - 1).bit_length()       # byte-address bits inside a group
+        in_group = ar_addr[2:group_bits]
+        group_index = ar_addr[group_bits:]
+        groups = {}
+        for block in self._regmap.blocks:
+            for r in block.registers:
+                groups.setdefault((block.base + r.offset) >> group_bits, []).append((block, r))
+        words, hits = [], []
+        # The group registers load in every clock without an enable: ar_addr holds still from
+        # the AR handshake until the read is answered, so in the clock with sel_full they hold
+        # the registers as sampled in the clock with ar_full.
+        for g, regs in sorted(groups.items()):
+            word = Signal(32, name=f"rd_group{g:x}_data")
+            hit = Signal(name=f"rd_group{g:x}_hit")
+            group_hit = Signal(name=f"rd_group{g:x}_sel")
+            m.d.comb += group_hit.eq(group_index == g)
+            m.d.sync += [word.eq(0), hit.eq(0)]
+            with m.Switch(in_group):
+                for block, r in regs:
+                    with m.Case(((block.base + r.offset) & (BLOCK_SIZE - 1)) >> 2):
+                        m.d.sync += [word.eq(self._read_value(block, r, counters)),
+                                     hit.eq(group_hit)]
+            words.append(word)
+            hits.append(hit)
+        with m.If(sel_full):
+            m.d.sync += [
+                bus.rdata.eq(_or_all(Mux(hit, word, 0) for hit, word in zip(hits, words))),
+                bus.rresp.eq(Mux(_or_all(hits), Resp.OKAY, Resp.SLVERR)),
+            ]
 
         return m
 
