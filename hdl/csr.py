@@ -227,51 +227,61 @@ class AxiLiteCsrBank(wiring.Component):
 
         # --- read path -------------------------------------------------------------------
         # Timing: the read is registered in three steps, so no path is wider than one group of
-        # registers. (1) The address is registered at the AR handshake (address decode plus the
-        # 32-bit mux from the bus inputs took 8.1 ns on a speed-6 ECP5). (2) In the clock after
-        # it every group of registers -- one per BLOCK_SIZE window of the map, at most 64 words
-        # -- muxes its own word by the in-group address into a 32-bit register, with a hit bit
-        # that is set only in the addressed group, and only for a mapped word. (3) A clock later
-        # rdata is the OR of the groups' words gated by their hit bits, OKAY if any hit. One
-        # Switch over all 289 registers, as it was, did not route at 125 MHz on an ECP5 (every
-        # register bit fanned into one 289-way mux feeding rdata); so the registers are sampled
-        # in the same clock as before and only rvalid comes a clock later. No read has a side
-        # effect, so nothing else has to move with it.
-        ar_addr = Signal(self._addr_width)
+        # registers. The groups are the BLOCK_SIZE windows of the map (one per block here, at
+        # most 64 words each). (1) At the AR handshake each group registers whether the read is
+        # for it and, if so, the word address inside it (else 0): only a group compare sits
+        # behind the bus inputs (address decode plus the 32-bit mux from them took 8.1 ns on a
+        # speed-6 ECP5). (2) In the clock after it every group muxes its word by its own address
+        # copy into a 32-bit register, with a hit bit set only in the addressed group and only
+        # for a mapped word. (3) A clock later rdata is the OR of the groups' words gated by
+        # their hit bits, OKAY if any hit. One Switch over all 289 registers, as it was, did not
+        # route at 125 MHz on an ECP5 (every register bit fanned into one 289-way mux feeding
+        # rdata); one shared address register for the group muxes routed at 125.7 MHz, its
+        # fan-out to all of them being the worst path; a copy per group 155.5 MHz. The registers
+        # are sampled in the same clock as before; only rvalid comes a clock later. No read has
+        # a side effect, so nothing else has to move with it.
         ar_full = Signal()      # step 2 in this clock
         sel_full = Signal()     # step 3 in this clock
-        m.d.comb += bus.arready.eq(~bus.rvalid & ~ar_full & ~sel_full)
+        ar_take = Signal()
+        m.d.comb += [
+            bus.arready.eq(~bus.rvalid & ~ar_full & ~sel_full),
+            ar_take.eq(bus.arvalid & bus.arready),
+        ]
         with m.If(bus.rvalid & bus.rready):
             m.d.sync += bus.rvalid.eq(0)
-        with m.If(bus.arvalid & bus.arready):
-            m.d.sync += [ar_addr.eq(bus.araddr), ar_full.eq(1)]
+        with m.If(ar_take):
+            m.d.sync += ar_full.eq(1)
         with m.If(ar_full):
             m.d.sync += [sel_full.eq(1), ar_full.eq(0)]
         with m.If(sel_full):
             m.d.sync += [bus.rvalid.eq(1), sel_full.eq(0)]
 
         group_bits = (BLOCK_SIZE - 1).bit_length()       # byte-address bits inside a group
-        in_group = ar_addr[2:group_bits]
-        group_index = ar_addr[group_bits:]
         groups = {}
         for block in self._regmap.blocks:
             for r in block.registers:
                 groups.setdefault((block.base + r.offset) >> group_bits, []).append((block, r))
         words, hits = [], []
-        # The group registers load in every clock without an enable: ar_addr holds still from
-        # the AR handshake until the read is answered, so in the clock with sel_full they hold
-        # the registers as sampled in the clock with ar_full.
         for g, regs in sorted(groups.items()):
+            # The copy is 0 unless the read is for this group, so the copies differ and Yosys
+            # does not merge them back into one register.
+            sel = Signal(name=f"rd_group{g:x}_sel")
+            addr = Signal(group_bits - 2, name=f"rd_group{g:x}_addr")
+            with m.If(ar_take):
+                m.d.sync += [
+                    sel.eq(bus.araddr[group_bits:] == g),
+                    addr.eq(Mux(bus.araddr[group_bits:] == g, bus.araddr[2:group_bits], 0)),
+                ]
             word = Signal(32, name=f"rd_group{g:x}_data")
             hit = Signal(name=f"rd_group{g:x}_hit")
-            group_hit = Signal(name=f"rd_group{g:x}_sel")
-            m.d.comb += group_hit.eq(group_index == g)
+            # They load in every clock without an enable: sel and addr hold still from the AR
+            # handshake until the read is answered, so in the clock with sel_full they hold the
+            # registers as sampled in the clock with ar_full.
             m.d.sync += [word.eq(0), hit.eq(0)]
-            with m.Switch(in_group):
+            with m.Switch(addr):
                 for block, r in regs:
                     with m.Case(((block.base + r.offset) & (BLOCK_SIZE - 1)) >> 2):
-                        m.d.sync += [word.eq(self._read_value(block, r, counters)),
-                                     hit.eq(group_hit)]
+                        m.d.sync += [word.eq(self._read_value(block, r, counters)), hit.eq(sel)]
             words.append(word)
             hits.append(hit)
         with m.If(sel_full):
