@@ -40,7 +40,8 @@ received, and starts afresh. ``timeout`` defaults to 64 byte times (``640 * divi
 protocol gives no way to abandon it, and the CSR bank always answers.
 
 Latency: the response's first bit starts 1 clock after the AXI response handshake; a CSR
-access (bank: 2 clocks) is dwarfed by the line time (a read is 90 bit times end to end).
+access (bank: 1 clock for a write, 3 for a read, handshake to response) is dwarfed by the line
+time (a read is 90 bit times end to end).
 """
 
 from amaranth.hdl import Cat, Const, Module, Signal
