@@ -15,8 +15,12 @@ transport's RAMs need no forwarding at all)::
                                      +--> mover cmds: payload of rx -> DMA write / discard
 
 An event takes 4 clocks (pick, address, load, decide) plus 2 per send-queue entry it walks
-(completing WQEs on an ACK, flushing on a fatal error). Packets of 4 KiB carry 64 beats at
-512 bits, so the machine has time to spare at line rate.
+(completing WQEs on an ACK, flushing on a fatal error); a response to a request of ours takes 2
+more before it is acted on (RX_CHK1/RX_CHK2: its checks, and everything derived from the una it
+leaves, are registered from the QP state, the WQE and the packet). The QP state word the
+deciding clock computes is written to ``qs`` one clock later, in the IDLE clock that always
+follows, so the next event's load reads it. Packets of 4 KiB carry 64 beats at 512 bits, so the
+machine has time to spare at line rate.
 
 Semantics (PSNs 24-bit, compared modulo 2**24; ``n`` = packets of a message = max(1, ceil(L/mtu))):
 
@@ -675,11 +679,15 @@ class RcTransport(wiring.Component):
         # default send-queue slot: the WQE being sent (SEND) or the oldest one; states override
         m.d.comb += sq_slot.eq(Mux(ev == _Ev.SEND, s.sq_cur, s.sq_tail))
         m.d.comb += rq_slot.eq(s.rq_tail)
+        # The state write is registered: qs_mem takes it one clock after the deciding state, in
+        # the IDLE clock that always follows; the next event's LOAD addresses qs_mem after that,
+        # so it reads the new word (no forwarding needed).
         qs_w = Signal(qs_l)
-        m.d.comb += [qs_wr.addr.eq(qp), qs_wr.data.eq(qs_w)]
+        qs_we = Signal()
+        m.d.sync += [qs_wr.addr.eq(qp), qs_wr.data.eq(qs_w), qs_wr.en.eq(qs_we)]
 
         def write_state(ns):
-            return [qs_w.eq(ns), qs_wr.en.eq(1)]
+            return [qs_w.eq(ns), qs_we.eq(1)]
 
         def pd_ack(psn_v, syndrome, msn_v):
             return [pde.has_tx.eq(1), pde.is_read.eq(0), pde.qp.eq(qp), pde.psn.eq(psn_v),
@@ -689,6 +697,36 @@ class RcTransport(wiring.Component):
             return [pde.has_tx.eq(1), pde.is_read.eq(1), pde.qp.eq(qp), pde.psn.eq(psn),
                     pde.addr.eq(ann.bus_addr), pde.len.eq(rec.reth_dma_length),
                     pde.msn.eq(msn_v), pde.shift.eq(r_shift)]
+
+        # --- response checks, registered every clock from s, w, c and the packet (valid in
+        # AFTER_RX after RX_CHK1/RX_CHK2, where none of them changes). una after the response
+        # is one of two values: s.una, or psn + 1 (an accepted READ response): everything
+        # AFTER_RX derives from it is computed for both and selected there.
+        rc = SimpleNamespace()
+        for name, width in (("off", 32), ("rem", 32), ("offnz", 1), ("at_una", 1), ("psn1", 24),
+                            ("moved_a", 1), ("moved_b", 1), ("ahead_a", 24), ("ahead_b", 24),
+                            ("cur_off_a", 32), ("cur_off_b", 32), ("idle_a", 1), ("idle_b", 1),
+                            ("plen_rem", 1), ("plen_mtu", 1)):
+            setattr(rc, name, Signal(width, name=f"rc_{name}"))
+        m.d.sync += [
+            # stage 1
+            rc.off.eq(((psn - w.first_psn)[:24] << mtu_shift)[:32]),
+            rc.at_una.eq(psn == s.una),
+            rc.psn1.eq(psn + 1),
+            rc.moved_a.eq(s.una != una0),
+            rc.ahead_a.eq(s.una - s.npsn),
+            rc.cur_off_a.eq(((s.una - w.first_psn)[:24] << mtu_shift)[:32]),
+            rc.idle_a.eq(s.una == s.npsn),
+            rc.plen_mtu.eq(plen == mtu),
+            # stage 2
+            rc.rem.eq(w.length - rc.off),
+            rc.offnz.eq(rc.off != 0),
+            rc.moved_b.eq(rc.psn1 != una0),
+            rc.ahead_b.eq(rc.psn1 - s.npsn),
+            rc.cur_off_b.eq(((rc.psn1 - w.first_psn)[:24] << mtu_shift)[:32]),
+            rc.idle_b.eq(rc.psn1 == s.npsn),
+            rc.plen_rem.eq(plen == w.length - rc.off),
+        ]
 
         prefer_rx = Signal()
         with m.FSM(name="ev"):
@@ -861,7 +899,7 @@ class RcTransport(wiring.Component):
                     # from una (once until progress: later ACKs in flight say the same). A READ
                     # response past it: out of sequence, dropped.
                     m.d.sync += after.eq(Mux((op == O.ACKNOWLEDGE) & ~s.lost_rd, A_LOSTREAD, A_NONE))
-                    m.next = "AFTER_RX"
+                    m.next = "RX_CHK1"
                 with m.Elif(covered):
                     with m.If(pdq.w_rdy):
                         m.d.comb += [pd_push.eq(w.signaled), pde.wtag.eq(wtag_now),
@@ -899,13 +937,19 @@ class RcTransport(wiring.Component):
                                 m.d.sync += after.eq(A_NONE)
                     with m.Else():
                         m.d.sync += after.eq(A_READ)
-                    m.next = "AFTER_RX"
+                    m.next = "RX_CHK1"
 
             with m.State("WALK_LD"):
                 m.d.sync += w.eq(sq_rd.data)     # addressed in WALK (sq_tail + 1)
                 m.next = "WALK"
 
             # ---------------------------------------------------- act on a response
+            # Two clocks in which s, w and the packet hold still while the rc_* registers
+            # (free-running, below) settle: stage 1 from them, stage 2 from stage 1.
+            with m.State("RX_CHK1"):
+                m.next = "RX_CHK2"
+            with m.State("RX_CHK2"):
+                m.next = "AFTER_RX"
             with m.State("AFTER_RX"):
                 self._after_rx(m, locals())
 
@@ -1197,20 +1241,21 @@ class RcTransport(wiring.Component):
     def _after_rx(self, m, env):
         """Requester: act on a response once the walk has completed what it covers."""
         v = SimpleNamespace(**env)
-        csr, s, c, w = self.csr, v.s, v.c, v.w
+        csr, s, c, w, rc = self.csr, v.s, v.c, v.w, v.rc
         psn, plen, op = v.psn, v.plen, v.op
         with m.If(v.pdq.w_rdy & v.mvq.w_rdy):
             ns = Signal(v.qs_l, name="ns_resp")
             m.d.comb += [ns.eq(s), v.rx_take.eq(1), v.mv_push.eq(1), v.mve.write.eq(0)]
             at_una = Signal()
-            m.d.comb += at_una.eq(psn == s.una)
+            m.d.comb += at_una.eq(rc.at_una)
+            una_b = Signal()        # ns.una = psn + 1 (an accepted READ response), else s.una
             done = Signal()         # write ns and finish (no rewind / fatal)
             m.d.comb += done.eq(1)
             # a walk that completed WQEs is progress: the retry budget starts afresh
             eff_retry = Signal(3)
-            m.d.comb += eff_retry.eq(Mux(s.una != v.una0, c.retry_cnt, s.retry_left))
+            m.d.comb += eff_retry.eq(Mux(rc.moved_a, c.retry_cnt, s.retry_left))
             eff_rnr = Signal(3)
-            m.d.comb += eff_rnr.eq(Mux(s.una != v.una0, c.rnr_retry, s.rnr_left))
+            m.d.comb += eff_rnr.eq(Mux(rc.moved_a, c.rnr_retry, s.rnr_left))
             with m.Switch(v.after):
                 with m.Case(v.A_ACK):
                     m.d.comb += csr.rx_acks_inc.eq(1)
@@ -1252,10 +1297,8 @@ class RcTransport(wiring.Component):
                     m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0)]
                 with m.Case(v.A_READ):
                     # READ response at una for the oldest WQE, a READ, in position
-                    off = Signal(32)
-                    m.d.comb += off.eq(((psn - w.first_psn)[:24] << v.mtu_shift)[:32])
-                    rem = Signal(32)
-                    m.d.comb += rem.eq(w.length - off)
+                    off = rc.off            # ((psn - first_psn) << mtu_shift), registered
+                    rem = rc.rem            # w.length - off, registered
                     lastpkt = Signal()
                     m.d.comb += lastpkt.eq(rem <= v.mtu)
                     # Position: the last bytes come as LAST/ONLY, others as FIRST/MIDDLE, the
@@ -1264,16 +1307,16 @@ class RcTransport(wiring.Component):
                     pos_ok = Signal()
                     starts = (op == O.READ_RESP_FIRST) | (op == O.READ_RESP_ONLY)
                     ends = (op == O.READ_RESP_LAST) | (op == O.READ_RESP_ONLY)
-                    m.d.comb += pos_ok.eq((ends == lastpkt) & ((off != 0) | starts))
+                    m.d.comb += pos_ok.eq((ends == lastpkt) & (rc.offnz | starts))
                     ok = Signal()
                     m.d.comb += ok.eq(at_una & (w.opcode == WrOpcode.RDMA_READ) & v.sent_any
                                       & (s.sq_tail != s.sq_head) & pos_ok
-                                      & (plen == Mux(lastpkt, rem, v.mtu)))
+                                      & Mux(lastpkt, rc.plen_rem, rc.plen_mtu))
                     with m.If(ok):
                         m.d.comb += [
                             csr.rx_acks_inc.eq(1),
                             v.mve.write.eq(plen != 0), v.mve.addr.eq(w.laddr + off), v.mve.len.eq(plen),
-                            ns.una.eq(psn + 1),
+                            ns.una.eq(rc.psn1), una_b.eq(1),
                             ns.retry_left.eq(c.retry_cnt), ns.rnr_left.eq(c.rnr_retry),
                         ]
                         with m.If(lastpkt):
@@ -1286,7 +1329,7 @@ class RcTransport(wiring.Component):
                 with m.Default():
                     m.d.comb += csr.rx_stale_inc.eq(1)
             moved = Signal()
-            m.d.comb += moved.eq(ns.una != v.una0)
+            m.d.comb += moved.eq(Mux(una_b, rc.moved_b, rc.moved_a))
             with m.If(done):
                 # progress: counters refreshed, timer re-armed (or disarmed when idle), and the
                 # QP scheduled if the window opened on pending work
@@ -1296,18 +1339,19 @@ class RcTransport(wiring.Component):
                         m.d.comb += ns.rnr_left.eq(c.rnr_retry)
                     # the timer word holds the RNR delay while an RNR wait runs: leave it
                     with m.If((v.after != v.A_RNR) & ~s.rnr_wait):
-                        with m.If(ns.una == s.npsn):
+                        with m.If(Mux(una_b, rc.idle_b, rc.idle_a)):     # ns.una == s.npsn
                             m.d.comb += v.disarm_timer(1)
                         with m.Else():
                             m.d.comb += v.arm_timer(1)
                 ahead_np = Signal(24)
-                m.d.comb += ahead_np.eq(ns.una - s.npsn)
+                m.d.comb += ahead_np.eq(Mux(una_b, rc.ahead_b, rc.ahead_a))     # ns.una - s.npsn
                 with m.If((ahead_np != 0) & ~ahead_np[23]):
                     # acknowledged past the send pointer (ACKs of packets sent before a rewind)
                     m.d.comb += [
                         ns.npsn.eq(ns.una), ns.sq_cur.eq(ns.sq_tail),
+                        # ((ns.una - w.first_psn) << mtu_shift)
                         ns.cur_off.eq(Mux(w.sent & (ns.sq_tail == s.sq_tail),
-                                          ((ns.una - w.first_psn)[:24] << v.mtu_shift)[:32], 0)),
+                                          Mux(una_b, rc.cur_off_b, rc.cur_off_a), 0)),
                     ]
                 work = Signal()
                 m.d.comb += work.eq((ns.sq_cur != s.sq_head) & ~ns.rnr_wait)
