@@ -39,7 +39,15 @@ from . import headers as H
 from .crc import icrc_finish, materialize
 from .icrc import IcrcLanes, icrc_overlay
 from .layout import MAX_FRAME_BITS, beat_layout, pack_header, record_layout
-from .parser import HEADER_WINDOW, L4_WINDOW, POS_BITS, UDP_OFFSETS, ext_length, ipv4_words_sum
+from .parser import (
+    HEADER_WINDOW,
+    L4_WINDOW,
+    POS_BITS,
+    UDP_OFFSETS,
+    ext_length,
+    ipv4_words_sum,
+    ones_complement_fold,
+)
 
 __all__ = ["Deparser"]
 
@@ -143,8 +151,7 @@ class Deparser(wiring.Component):
         total = materialize(m, (ihl * 4 + p.l4_len)[:16], "ip4_total_length")
         # one's complement sum: the raw sum of every word, folded twice (RFC 1071)
         raw = materialize(m, p.csum_part + total, "ip4_sum_raw")
-        folded = raw[:16] + raw[16:]
-        csum = materialize(m, ~(folded[:16] + folded[16:])[:16], "ip4_checksum")
+        csum = materialize(m, ~ones_complement_fold(raw), "ip4_checksum")
         eth = pack_header(H.ETH, {**_fields(r, H.ETH),
                                   "ethertype": Mux(r.vlan, H.ETHERTYPE_VLAN, p.inner)})
         vlan = pack_header(H.VLAN, {**_fields(r, H.VLAN), "ethertype": p.inner})

@@ -64,7 +64,7 @@ from .crc import icrc_finish, materialize
 from .icrc import IcrcLanes, icrc_capture
 from .layout import MAX_FRAME_BITS, DropReason, beat_layout, record_layout, unpack_header
 
-__all__ = ["Parser", "HEADER_WINDOW", "ipv4_checksum_ok", "ipv4_header_sum", "count_rx"]
+__all__ = ["Parser", "HEADER_WINDOW", "count_rx", "ipv4_words_sum", "ones_complement_fold"]
 
 HEADER_WINDOW = 128
 assert H.MAX_HEADER_BYTES <= HEADER_WINDOW
@@ -84,9 +84,9 @@ def tree_sum(values):
     return values[0]
 
 
-def ones_complement_sum(words):
-    """Sum of 16-bit Values with end-around carry (two folds suffice for up to 2^16 words)."""
-    total = tree_sum(words)
+def ones_complement_fold(total):
+    """A raw sum of 16-bit words folded to 16 bits with end-around carry (RFC 1071; two folds
+    suffice for a raw sum of up to 2^16 words)."""
     folded = total[:16] + total[16:]
     return (folded[:16] + folded[16:])[:16]
 
@@ -102,16 +102,6 @@ def _ipv4_words(ip_lanes, ihl):
 def ipv4_words_sum(ip_lanes, ihl):
     """Raw (unfolded, 21-bit) sum of an IPv4 header's 16-bit words over its ``ihl`` words."""
     return tree_sum(_ipv4_words(ip_lanes, ihl))
-
-
-def ipv4_header_sum(ip_lanes, ihl):
-    """One's complement sum of an IPv4 header (lanes, up to 60 bytes) over its ``ihl`` words."""
-    return ones_complement_sum(_ipv4_words(ip_lanes, ihl))
-
-
-def ipv4_checksum_ok(ip_lanes, ihl):
-    """True when the IPv4 header, checksum field included, sums to 0xFFFF (RFC 1071)."""
-    return ipv4_header_sum(ip_lanes, ihl) == 0xFFFF
 
 
 def ext_extract(m, opcode, extv, name_prefix="ext"):
@@ -319,8 +309,7 @@ class Parser(wiring.Component):
             (is4 & frag)
             | (udp["length"] != ip_len - (udp_off - ip_off))
             | (ip_end < udp_off + H.UDP.size + H.BTH.size + 4)))    # no room for BTH + ICRC
-        folded = csum_sum[:16] + csum_sum[16:]
-        csum_bad = roce & is4 & ((folded[:16] + folded[16:])[:16] != 0xFFFF)   # RFC 1071
+        csum_bad = roce & is4 & (ones_complement_fold(csum_sum) != 0xFFFF)     # RFC 1071
         transport_bad = (
             (ip_end < hlen + pad + 4)                             # ext headers + pad + ICRC
             | (op_known & ((end - hlen)[:2] != 0))                # payload + pad not 4-aligned
