@@ -286,7 +286,7 @@ class AxiLiteCsrBank(wiring.Component):
             hits.append(hit)
         with m.If(sel_full):
             m.d.sync += [
-                bus.rdata.eq(_or_all(Mux(hit, word, 0) for hit, word in zip(hits, words))),
+                bus.rdata.eq(_or_all(Mux(hit, word, 0) for hit, word in zip(hits, words, strict=True))),
                 bus.rresp.eq(Mux(_or_all(hits), Resp.OKAY, Resp.SLVERR)),
             ]
 

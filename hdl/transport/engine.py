@@ -1242,7 +1242,7 @@ class RcTransport(wiring.Component):
         """Requester: act on a response once the walk has completed what it covers."""
         v = SimpleNamespace(**env)
         csr, s, c, w, rc = self.csr, v.s, v.c, v.w, v.rc
-        psn, plen, op = v.psn, v.plen, v.op
+        plen, op = v.plen, v.op
         with m.If(v.pdq.w_rdy & v.mvq.w_rdy):
             ns = Signal(v.qs_l, name="ns_resp")
             m.d.comb += [ns.eq(s), v.rx_take.eq(1), v.mv_push.eq(1), v.mve.write.eq(0)]
