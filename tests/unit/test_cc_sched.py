@@ -352,6 +352,44 @@ def test_strict_priority():
     assert c0 > (b.wire - per_clock(256, us)) * 0.97
 
 
+
+def test_strict_priority_capped():
+    """The NIC's strict-priority case: class 7 capped through its tenant (40 % of the wire),
+    class 3 greedy while it has work, class 0 greedy. Class 0 gets nothing until class 3
+    drains, then everything class 7 leaves. (Class 7's QP is rotated whenever its tenant is over
+    the cap: a class-3 probe rolled back ahead of it must still go before class 0.)"""
+    dut = TxScheduler(QPS, tenants=TENANTS, classes=8)
+    us, size = 8, 256
+    b = Bench(dut, us_cycles=us)
+    q7, q3, q0 = 1, 2, 3
+    cap = 205                            # Mb/s: 40 % of 512
+    c3_packets = 110                     # ~ 5900 clocks at the 60 % it gets
+
+    async def body(ctx):
+        b.set_tenant(1, cap_rate=cap, cap_burst=4096)
+        b.set_attr(q7, tenant=1, tclass=7)
+        b.set_attr(q3, tclass=3)
+        b.set_attr(q0, tclass=0)
+        await b.run(ctx, 40)
+        b.add_work(q7, math.inf, size)
+        b.add_work(q3, c3_packets, size)
+        b.add_work(q0, math.inf, size)
+        await b.run(ctx, 9000)
+    simulate(dut, body)
+
+    last3 = max(t for t, q, _ in b.log if q == q3)
+    early0 = [t for t, q, _ in b.log if q == q0 and t < last3]
+    print(f"class 3 drained at {last3}, class 0 pops before that: {early0}")
+    assert not early0
+    got = b.rate([q7], 2000, last3)
+    err = got / per_clock(cap, us) - 1
+    print(f"class 7: error {err:+.3%} of its tenant's cap while class 3 is backlogged")
+    assert abs(err) < 0.01
+    c3 = b.bytes_of([q3], 2000, last3) / (last3 - 2000)
+    assert c3 > (b.wire - per_clock(cap, us)) * 0.97
+    c0 = b.bytes_of([q0], last3 + 500, b.clock) / (b.clock - last3 - 500)
+    assert c0 > (b.wire - per_clock(cap, us)) * 0.97
+
 def test_wrr():
     """Weights 1 and 3 in one class: bytes in ratio 1:3."""
     dut = TxScheduler(QPS, tenants=TENANTS, classes=8)
