@@ -7,11 +7,16 @@ the record implies (VLAN or not, IPv4 with options or IPv6, the opcode's extensi
 computing on the way the lengths (IPv4 total length / IPv6 payload length, UDP length), the BTH
 pad count, the EtherTypes and the IPv4 header checksum, over two registers: A derives the
 lengths, offsets, extension headers and the checksum's sum without the total length, B the
-checksum and the window. Stage 2 emits the frame one beat per
-clock: header bytes, then the payload shifted into place (a byte shifter over the previous and
-the current payload beat), zero pad bytes, the ICRC slot and zero Ethernet padding up to 60
-bytes; it feeds every beat, masked, to the ICRC. Stage 3 writes the finished ICRC into its slot
-(one beat later, once the CRC covers the last byte).
+checksum and the window; B also turns the lengths into beat indices for stage 2. Stage 2
+emits the frame one beat per clock: header bytes, then the payload shifted into place (a byte
+shifter over the previous and the current payload beat), zero pad bytes, the ICRC slot and zero
+Ethernet padding up to 60 bytes; with each beat it derives which lanes the ICRC masks, skips or
+forces to ones, and where the ICRC slot is (none of it depends on the data). Three registers
+follow: s2 holds the beat; s3 the beat and its ICRC word, the masked stream delayed by
+``(-end) mod B`` bytes so that the ICRC's last byte ends a word (the init-0 CRC ignores the
+zero bytes this puts in front, so there is no partial last word to undo); the ICRC register is
+updated from s3's word as its beat enters s4, and s4 leaves with the finished ICRC written into
+its slot.
 
 Ports:
   ``i_meta``  in   stream of header records (``layout.record_layout()``), one per frame. With
@@ -28,7 +33,7 @@ ipv6_payload_length, ipv6_next_header, udp_dport, udp_length, bth_pad_count; ``i
 ``ipv4_options`` must agree (options bytes past ``(ihl-5)*4`` are ignored). Pad bytes are zero.
 
 Throughput: one output beat per clock; frames back to back without bubbles. Latency: the first
-beat of a frame leaves 3 cycles after its record is accepted.
+beat of a frame leaves 5 cycles after its record is accepted (stages A, B, emit, s3, s4).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
@@ -36,8 +41,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
-from .crc import icrc_finish, materialize
-from .icrc import IcrcLanes, icrc_overlay
+from .crc import crc_step, materialize
+from .icrc import icrc_lane_ctrl, icrc_mask
 from .layout import MAX_FRAME_BITS, beat_layout, pack_header, record_layout
 from .parser import (
     HEADER_WINDOW,
@@ -45,13 +50,19 @@ from .parser import (
     POS_BITS,
     UDP_OFFSETS,
     ext_length,
-    ipv4_words_sum,
     ones_complement_fold,
+    tree_sum,
 )
 
 __all__ = ["Deparser"]
 
 MIN_FRAME = 60
+
+
+def _words_sum(lanes):
+    """Raw sum of the big-endian 16-bit words of ``lanes`` (a balanced adder tree)."""
+    return tree_sum([Cat(lanes[w * 16 + 8:w * 16 + 16], lanes[w * 16:w * 16 + 8])
+                     for w in range(len(lanes) // 16)])
 
 
 def _fields(r, h):
@@ -71,7 +82,10 @@ class HeaderPrep(data.Struct):
     flen: POS_BITS              # frame bytes without FCS, padded to 60
     options: H.MAX_IPV4_OPTIONS * 8     # IPv4 options, bytes past (ihl - 5) * 4 zeroed
     ext: 28 * 8                 # extension headers packed by opcode
-    csum_part: 21               # raw sum of the IPv4 header words, total length and checksum 0
+    total: 16                   # IPv4 total length
+    csum_hdr: 20                # raw sums of the IPv4 header words (total length and checksum
+    csum_opt0: 20               # 0) and of the first and last 10 option words: stage B adds
+    csum_opt1: 20               # them and the total length
 
 
 class FrameLayout(data.Struct):
@@ -83,6 +97,12 @@ class FrameLayout(data.Struct):
     ip_off: 5
     udp_off: 7
     ipv6: 1
+    # derived in stage B for the emit stage (beat indices, so that it compares only its counter)
+    first: 8                    # beat of the first payload byte: hlen // B
+    jpe: MAX_FRAME_BITS         # first + payload beats to consume (max(1, ceil(plen / B)))
+    jl: MAX_FRAME_BITS          # the last beat: ceil(flen / B) - 1
+    pay_end: POS_BITS           # hlen + plen
+    k: 6                        # (-end) mod B: zero bytes that align the ICRC's end to a beat
 
 
 class Deparser(wiring.Component):
@@ -108,16 +128,23 @@ class Deparser(wiring.Component):
         p = Signal(HeaderPrep)
         pad = Signal(2)
         m.d.comb += pad.eq(-r.payload_len)
+        # The adders are balanced by hand (Amaranth folds no constants): at most three deep.
         ip_hlen = materialize(m, Mux(r.ipv6, 40, ihl * 4), "ip_hlen")
         udp_off = materialize(m, ip_off + ip_hlen, "udp_off")
-        hlen = materialize(m, udp_off + H.UDP.size + H.BTH.size + ext_len, "hlen")
-        end = materialize(m, hlen + r.payload_len + pad, "end")
+        l4_base = materialize(m, Mux(r.vlan, 18 + H.UDP.size + H.BTH.size,
+                                     14 + H.UDP.size + H.BTH.size) + ext_len, "l4_base")
+        hlen = materialize(m, l4_base + ip_hlen, "hlen")
+        plen_pad = materialize(m, r.payload_len + pad, "plen_pad")
+        plen_pad4 = materialize(m, r.payload_len + (pad + 4), "plen_pad4")
+        end = materialize(m, hlen + plen_pad, "end")
+        end4 = materialize(m, hlen + plen_pad4, "end4")
+        l4_len = materialize(m, (ext_len + (H.UDP.size + H.BTH.size)) + plen_pad4, "l4_len")
         options = Cat(*(Mux(i < (ihl - 5) * 4, r.ipv4_options[8 * i:8 * i + 8], 0)
                         for i in range(H.MAX_IPV4_OPTIONS)))
         options = materialize(m, options, "ip4_options")
-        ip4_zero = Cat(pack_header(H.IPV4, {**_fields(r, H.IPV4), "version": 4,
-                                            "protocol": H.IPPROTO_UDP, "total_length": 0,
-                                            "checksum": 0}), options)
+        ip4_zero = pack_header(H.IPV4, {**_fields(r, H.IPV4), "version": 4,
+                                        "protocol": H.IPPROTO_UDP, "total_length": 0,
+                                        "checksum": 0})
         ext = Signal(28 * 8)
         by_chain = {}
         for code, op in H.OPCODES.items():
@@ -133,13 +160,16 @@ class Deparser(wiring.Component):
             p.ip_off.eq(ip_off),
             p.pad.eq(pad),
             p.udp_off.eq(udp_off),
-            p.l4_len.eq(H.UDP.size + H.BTH.size + ext_len + r.payload_len + pad + 4),
+            p.l4_len.eq(l4_len),
             p.hlen.eq(hlen),
             p.end.eq(end),
-            p.flen.eq(Mux(end + 4 > MIN_FRAME, end + 4, MIN_FRAME)),
+            p.flen.eq(Mux(end4 > MIN_FRAME, end4, MIN_FRAME)),
             p.options.eq(options),
             p.ext.eq(ext),
-            p.csum_part.eq(ipv4_words_sum(ip4_zero, ihl)),
+            p.total.eq(ihl * 4 + l4_len),
+            p.csum_hdr.eq(_words_sum(ip4_zero)),
+            p.csum_opt0.eq(_words_sum(options[:160])),
+            p.csum_opt1.eq(_words_sum(options[160:])),
         ]
         return p
 
@@ -147,10 +177,9 @@ class Deparser(wiring.Component):
     def _assemble(m, r, p):
         """Stage B, from the registered record ``r`` and stage A's ``p`` (combinational): the
         header window (lanes) and the frame layout."""
-        ihl = r.ipv4_ihl
-        total = materialize(m, (ihl * 4 + p.l4_len)[:16], "ip4_total_length")
+        total = p.total
         # one's complement sum: the raw sum of every word, folded twice (RFC 1071)
-        raw = materialize(m, p.csum_part + total, "ip4_sum_raw")
+        raw = materialize(m, (p.csum_hdr + p.csum_opt0) + (p.csum_opt1 + total), "ip4_sum_raw")
         csum = materialize(m, ~ones_complement_fold(raw), "ip4_checksum")
         eth = pack_header(H.ETH, {**_fields(r, H.ETH),
                                   "ethertype": Mux(r.vlan, H.ETHERTYPE_VLAN, p.inner)})
@@ -194,6 +223,19 @@ class Deparser(wiring.Component):
         ]
         return win, lay
 
+    def _beats(self, m, r, p, lay):
+        """Stage B's per-frame beat indices for the emit stage (``FrameLayout.first`` ..)."""
+        B = self.nbytes
+        lg = (B - 1).bit_length()
+        n_pay = Mux(r.payload_len == 0, 1, (r.payload_len + B - 1) >> lg)
+        m.d.comb += [
+            lay.first.eq(p.hlen >> lg),
+            lay.jpe.eq((p.hlen >> lg) + n_pay),
+            lay.jl.eq((p.flen - 1) >> lg),
+            lay.pay_end.eq(p.hlen + r.payload_len),
+            lay.k.eq((-p.end)[:lg] if lg else 0),
+        ]
+
     def elaborate(self, platform):
         m = Module()
         B = self.nbytes
@@ -224,88 +266,130 @@ class Deparser(wiring.Component):
         with m.Elif(sa_pop):
             m.d.sync += sa_valid.eq(0)
         win_c, lay_c = self._assemble(m, sa_r, sa_p)
+        self._beats(m, sa_r, sa_p, lay_c)
         with m.If(sa_pop):
             m.d.sync += [s1_valid.eq(1), s1_win.eq(win_c), s1.eq(lay_c)]
         with m.Elif(s1_pop):
             m.d.sync += s1_valid.eq(0)
 
         # ---------------------------------------------------------------- stage 2: emit
+        # The emit stage builds one beat per clock from its beat counter ``j`` and the frame's
+        # registered layout; with it, the data-independent ICRC lane controls and ICRC slot
+        # positions. Then three registers, advancing together whenever the output is free:
+        #   s2  the beat and its lane controls;
+        #   s3  the beat and its ICRC word: the masked stream delayed by k = (-end) mod B bytes,
+        #       so that the ICRC's last byte ends a word (leading zeros are no-ops for the
+        #       init-0 CRC, so no trailing zero padding has to be undone);
+        #   s4  the beat, leaving with the ICRC (updated from s3's word as the beat enters s4)
+        #       written into its slot.
         j = Signal(range(1 << (POS_BITS - lg)))
-        base = Signal(POS_BITS)
-        m.d.comb += base.eq(j * B)
         prev = Signal(self.data_width)
-        crc = Signal(32)
 
-        s3_valid = Signal()
-        s3 = Signal(beat)
-        s3_base = Signal(POS_BITS)
-        s3_end = Signal(POS_BITS)
-        s3_k = Signal(range(B))
-        s3_raw = Signal()
-        s3_free = ~s3_valid | self.o.ready
+        s2_valid, s3_valid, s4_valid = Signal(), Signal(), Signal()
+        adv = ~s4_valid | self.o.ready
+
+        def at(b):
+            return Cat(Const(b, lg), j) if lg else j
 
         shift = s1.hlen[:lg] if lg else Const(0, 1)
-        first = s1.hlen[lg:] if lg else s1.hlen
-        q = Signal(range(-(1 << 8), 1 << (POS_BITS - lg)))
-        m.d.comb += q.eq(j - first)
-        n_pay = Signal(MAX_FRAME_BITS)   # payload beats to consume: max(1, ceil(P/B))
-        m.d.comb += n_pay.eq(Mux(s1.plen == 0, 1, (s1.plen + B - 1) >> lg))
-        need = materialize(m, Mux(s1.raw, 1, (q >= 0) & (q < n_pay)), "need")
+        # need (this beat consumes a payload beat) and is_last, registered for the beat to
+        # come: the ready chain (output -> payload input -> record input) starts at flip-flops.
+        need = Signal()
+        is_last = Signal()
         cur = materialize(m, Mux(need, self.i.payload.data, 0), "cur")
         if lg:
             pay = Cat(prev, cur).bit_select((B - shift).as_unsigned() * 8, B * 8)
         else:
             pay = cur
         pay = materialize(m, pay, "pay")
-        pay_end = materialize(m, s1.hlen + s1.plen, "pay_end")
         hdr = Signal(self.data_width)
         with m.Switch(j):
             for n in range(NW):
                 with m.Case(n):
                     m.d.comb += hdr.eq(s1_win[n * B * 8:(n + 1) * B * 8])
-        lanes = []
+        lanes, keep_last = [], []
         for b in range(B):
-            a = materialize(m, base + b, f"a{b}")
-            lanes.append(Mux(a < s1.hlen, hdr[b * 8:b * 8 + 8],
-                             Mux(a < pay_end, pay[b * 8:b * 8 + 8], 0)))
+            lanes.append(Mux(at(b) < s1.hlen, hdr[b * 8:b * 8 + 8],
+                             Mux(at(b) < s1.pay_end, pay[b * 8:b * 8 + 8], 0)))
+            keep_last.append(Const(b, lg) < s1.flen[:lg] if lg else Const(0, 1))
+        # flen % B == 0: the last beat is full
+        keep_last = Mux(s1.flen[:lg] == 0, (1 << B) - 1, Cat(*keep_last)) if lg else Const(1, 1)
         built = Signal(beat)
         m.d.comb += [
             built.data.eq(Cat(*lanes)),
-            built.keep.eq(Cat(*((base + b < s1.flen) for b in range(B)))),
-            built.last.eq(base + B >= s1.flen),
+            built.keep.eq(Mux(is_last, keep_last, (1 << B) - 1)),
+            built.last.eq(is_last),
         ]
         out = Signal(beat)
         m.d.comb += out.eq(Mux(s1.raw, self.i.payload, built))
 
-        proc = s1_valid & s3_free & (~need | self.i.valid)
-        done = Mux(s1.raw, self.i.payload.last, built.last)
+        proc = s1_valid & adv & (~need | self.i.valid)
+        done = Mux(s1.raw, self.i.payload.last, is_last)
         m.d.comb += [
             self.i.ready.eq(proc & need),
             s1_pop.eq(proc & done),
         ]
-        icrc = IcrcLanes(m, built.data, base, s1.ip_off, s1.udp_off, s1.ipv6, s1.end, B,
-                         name="tx_icrc")
+        base = at(0)
+        zero, ff, nib = icrc_lane_ctrl(m, base, s1.ip_off, s1.udp_off, s1.ipv6, s1.end, B,
+                                       name="tx_icrc")
+        # ICRC slot: lane b holds ICRC byte (b + base - end) when that is 0..3
+        ov_hit, ov_idx = [], []
+        for b in range(B):
+            d = materialize(m, (at(b) - s1.end)[:POS_BITS], f"tx_icrc_ov{b}")
+            ov_hit.append(d < 4)
+            ov_idx.append(d[:2])
+
+        lc = data.StructLayout({
+            "beat": beat, "raw": 1, "first": 1, "update": 1, "k": 6,
+            "zero": B, "ff": B, "nib": B, "ov_hit": B, "ov_idx": 2 * B,
+        })
+        s2 = Signal(lc)
+        s3 = Signal(lc)
+        s4 = Signal(lc)
+        s3_word = Signal(self.data_width)
+        prev_masked = Signal(self.data_width)
+        crc = Signal(32)
+        with m.If(adv):
+            m.d.sync += [s2_valid.eq(proc), s3_valid.eq(s2_valid), s4_valid.eq(s3_valid)]
+        j1 = j + 1
         with m.If(proc):
-            m.d.sync += j.eq(Mux(done, 0, j + 1))
+            m.d.sync += [
+                j.eq(Mux(done, 0, j1)),
+                need.eq(s1.raw | ((j1 >= s1.first) & (j1 < s1.jpe))),
+                is_last.eq(j1 == s1.jl),
+            ]
             with m.If(need):
                 m.d.sync += prev.eq(cur)
-            with m.If(icrc.update):
-                m.d.sync += crc.eq(icrc.step(crc, j == 0))
             m.d.sync += [
-                s3_valid.eq(1), s3.eq(out), s3_base.eq(base), s3_end.eq(s1.end),
-                s3_k.eq(icrc.k), s3_raw.eq(s1.raw),
+                s2.beat.eq(out), s2.raw.eq(s1.raw), s2.first.eq(j == 0),
+                s2.update.eq(base < s1.end), s2.k.eq(s1.k),
+                s2.zero.eq(zero), s2.ff.eq(ff), s2.nib.eq(nib),
+                s2.ov_hit.eq(Cat(*ov_hit)), s2.ov_idx.eq(Cat(*ov_idx)),
             ]
-        with m.Elif(self.o.ready):
-            m.d.sync += s3_valid.eq(0)
+        with m.If(sa_pop):
+            # the next frame's beat 0 (sa_pop with s1_valid implies s1_pop: j becomes 0)
+            m.d.sync += [need.eq(lay_c.raw | (lay_c.first == 0)), is_last.eq(lay_c.jl == 0)]
+        masked = materialize(m, icrc_mask(s2.beat.data, s2.zero, s2.ff, s2.nib, B), "tx_icrc_masked")
+        if lg:
+            older = Mux(s2.first, 0, prev_masked)
+            word = Cat(older, masked).bit_select((B - s2.k[:lg]).as_unsigned() * 8, B * 8)
+        else:
+            word = masked
+        with m.If(adv & s2_valid):
+            m.d.sync += [s3.eq(s2), s3_word.eq(word), prev_masked.eq(masked)]
+        with m.If(adv & s3_valid):
+            m.d.sync += s4.eq(s3)
+            with m.If(s3.update):
+                m.d.sync += crc.eq(crc_step(m, Mux(s3.first, 0, crc), s3_word, name="tx_icrc_crc"))
 
-        # ---------------------------------------------------------------- stage 3: ICRC
-        value = icrc_finish(m, crc, s3_k, B, name="tx_icrc_fin")
-        ov_eq, with_icrc = icrc_overlay(s3.data, s3_base, s3_end, value, B)
+        # ---------------------------------------------------------------- ICRC slot
+        value = crc ^ 0xFFFFFFFF
+        with_icrc = Cat(*(Mux(s4.ov_hit[b], value.word_select(s4.ov_idx[2 * b:2 * b + 2], 8),
+                              s4.beat.data[b * 8:b * 8 + 8]) for b in range(B)))
         m.d.comb += [
-            ov_eq,
-            self.o.valid.eq(s3_valid),
-            self.o.payload.keep.eq(s3.keep),
-            self.o.payload.last.eq(s3.last),
-            self.o.payload.data.eq(Mux(s3_raw, s3.data, with_icrc)),
+            self.o.valid.eq(s4_valid),
+            self.o.payload.keep.eq(s4.beat.keep),
+            self.o.payload.last.eq(s4.beat.last),
+            self.o.payload.data.eq(Mux(s4.raw, s4.beat.data, with_icrc)),
         ]
         return m

@@ -15,7 +15,42 @@ from amaranth.hdl import Cat, Mux, Signal, signed, unsigned
 from .crc import crc_step, materialize
 from .layout import lane
 
-__all__ = ["IcrcLanes", "icrc_capture", "icrc_overlay"]
+__all__ = ["IcrcLanes", "icrc_capture", "icrc_lane_ctrl", "icrc_mask", "icrc_overlay"]
+
+
+def icrc_lane_ctrl(m, base, ip_off, udp_off, ipv6, end, nbytes, name="icrc"):
+    """How the ICRC sees each lane of a beat whose lane 0 is absolute byte ``base``, as three
+    ``nbytes``-bit vectors (one bit per lane; they do not depend on the data, so a pipeline can
+    register them ahead of it): ``zero`` (the lane is left out: before the 4 bytes that precede
+    the IP header, or from ``end`` on), ``ff`` (an all-ones byte: those 4 bytes or a variant
+    field), ``nib`` (the IPv6 first byte: its low nibble, the traffic class' high nibble, is
+    forced to ones)."""
+    zero, ff, nib = [], [], []
+    for b in range(nbytes):
+        a = Signal(unsigned(16), name=f"{name}_a{b}")
+        m.d.comb += a.eq(base + b)
+        # Positions relative to the IP and UDP headers (wrapping when negative).
+        r = materialize(m, (a - ip_off)[:16], f"{name}_r{b}")
+        u = materialize(m, (a - udp_off)[:16], f"{name}_u{b}")
+        pre_ff = (a + 4 >= ip_off) & (a < ip_off)
+        v4_ff = ~ipv6 & ((r == 1) | (r == 8) | (r == 10) | (r == 11))
+        v6_ff = ipv6 & ((r == 1) | (r == 2) | (r == 3) | (r == 7))
+        l4_ff = (u == 6) | (u == 7) | (u == 12)   # UDP checksum, BTH byte 4
+        zero.append((a + 4 < ip_off) | (a >= end))
+        ff.append(pre_ff | v4_ff | v6_ff | l4_ff)
+        nib.append(ipv6 & (r == 0))               # version stays, traffic class high nibble
+    return (materialize(m, Cat(*zero), f"{name}_zero"), materialize(m, Cat(*ff), f"{name}_ff"),
+            materialize(m, Cat(*nib), f"{name}_nib"))
+
+
+def icrc_mask(data, zero, ff, nib, nbytes):
+    """The beat ``data`` as the ICRC sees it, from ``icrc_lane_ctrl``'s vectors: per bit
+    ``~zero & (force | d)``, one LUT level."""
+    out = []
+    for b in range(nbytes):
+        force = Cat(nib[b], nib[b], nib[b], nib[b], ff[b], ff[b], ff[b], ff[b]) | ff[b].replicate(8)
+        out.append(Mux(zero[b], 0, lane(data, b) | force))
+    return Cat(*out)
 
 
 class IcrcLanes:
@@ -30,27 +65,10 @@ class IcrcLanes:
 
     def __init__(self, m, data, base, ip_off, udp_off, ipv6, end, nbytes, name="icrc"):
         self.nbytes = nbytes
-        lanes_out = []
-        for b in range(nbytes):
-            a = Signal(unsigned(16), name=f"{name}_a{b}")
-            m.d.comb += a.eq(base + b)
-            # Positions relative to the IP and UDP headers (wrapping when negative).
-            r = materialize(m, (a - ip_off)[:16], f"{name}_r{b}")
-            u = materialize(m, (a - udp_off)[:16], f"{name}_u{b}")
-            byte = lane(data, b)
-            pre_ff = (a + 4 >= ip_off) & (a < ip_off)
-            v4_ff = ~ipv6 & ((r == 1) | (r == 8) | (r == 10) | (r == 11))
-            v6_ff = ipv6 & ((r == 1) | (r == 2) | (r == 3) | (r == 7))
-            l4_ff = (u == 6) | (u == 7) | (u == 12)   # UDP checksum, BTH byte 4
-            v6_nibble = ipv6 & (r == 0)               # version stays, traffic class high nibble
-            zero = (a + 4 < ip_off) | (a >= end)
-            out = Mux(zero, 0,
-                      Mux(pre_ff | v4_ff | v6_ff | l4_ff, 0xFF,
-                          Mux(v6_nibble, byte | 0x0F, byte)))
-            lanes_out.append(out)
+        zero, ff, nib = icrc_lane_ctrl(m, base, ip_off, udp_off, ipv6, end, nbytes, name=name)
         self.m = m
         self.name = name
-        self.masked = materialize(m, Cat(*lanes_out), f"{name}_masked")
+        self.masked = materialize(m, icrc_mask(data, zero, ff, nib, nbytes), f"{name}_masked")
         self.update = base < end
         k = Signal(range(nbytes), name=f"{name}_k")
         m.d.comb += k.eq((-end)[:max(1, (nbytes - 1).bit_length())] if nbytes > 1 else 0)
