@@ -8,14 +8,19 @@ window register while every beat also goes into a small data FIFO. One cycle aft
 is complete (beat ``ceil(128/B) - 1`` of the frame, or its last beat if shorter), the decoder
 extracts every field from the window, classifies the frame and checks its header, and pushes a
 small *decision* (offsets and lengths) and the wide header *record*. The decoder is a pipeline
-of ``DECODE_STAGES`` (3) registers (the window copied with its EtherType decode; the IP offsets,
-lengths, L4 window and checksum sum; the opcode, lengths and checks), one decision per clock.
+of ``DECODE_STAGES`` (3) registers (the window copied with its EtherType decode; the Ethernet
+and IP header bytes, the IP offsets, lengths, L4 window and three partial checksum sums; the
+opcode, lengths and checks), one decision per clock.
 
 Stage B reads the frame back from the data FIFO with one beat of look-ahead, feeds the masked
 beats to the ICRC, and re-aligns the payload to byte 0 of its own beats (a byte shifter over the
 current and the next beat, so each input beat yields at most one output beat: no flush cycle,
 no bubble between frames). The last payload beat is held until the frame's last beat has been
-checked, so the verdict travels with it.
+checked, so the verdict travels with it. Stage B's output goes through three registers that
+advance together with a two-register ICRC pipeline (the beat's lane controls, then the ICRC
+word: the masked stream delayed by ``(-end) mod B`` bytes so that the ICRC ends a word), so the
+ICRC is complete when the frame's last beat reaches the output; the opcode-dependent late
+checks are made there too, from the decision.
 
 Ports:
   ``i``       in   stream of beats (data, keep, last): Ethernet frames without FCS.
@@ -29,8 +34,8 @@ Ports:
 
 Parameters: ``data_width`` (64 or 512 bits; any multiple of 64 up to 1024 works).
 
-Latency (no stalls): fixed, ``ceil(128/B) + 3 + DECODE_STAGES`` cycles (B = data_width/8: 22
-cycles at 64 bits, 8 at 512 bits; the ``latency`` attribute) from the input beat that holds the first byte
+Latency (no stalls): fixed, ``ceil(128/B) + 5 + DECODE_STAGES`` cycles (B = data_width/8: 24
+cycles at 64 bits, 10 at 512 bits; the ``latency`` attribute) from the input beat that holds the first byte
 of an output beat to that output beat -- except the last output beat of a RoCEv2 frame, which
 carries the verdict and so waits for the frame's last input beat (the ICRC): it leaves
 ``latency`` cycles after that one. So the first payload beat of a frame with an L-byte header
@@ -60,8 +65,8 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from . import headers as H
-from .crc import icrc_finish, materialize
-from .icrc import IcrcLanes, icrc_capture
+from .crc import crc_step, materialize
+from .icrc import icrc_capture, icrc_lane_ctrl, icrc_mask
 from .layout import MAX_FRAME_BITS, DropReason, beat_layout, record_layout, unpack_header
 
 __all__ = ["Parser", "HEADER_WINDOW", "count_rx", "ipv4_words_sum", "ones_complement_fold"]
@@ -104,6 +109,14 @@ def ipv4_words_sum(ip_lanes, ihl):
     return tree_sum(_ipv4_words(ip_lanes, ihl))
 
 
+def ipv4_words_sums(ip_lanes, ihl, groups=3):
+    """``ipv4_words_sum`` split into ``groups`` partial sums of consecutive words (for a
+    pipeline that adds them a clock later)."""
+    words = _ipv4_words(ip_lanes, ihl)
+    n = -(-len(words) // groups)
+    return [tree_sum(words[i:i + n]) for i in range(0, len(words), n)]
+
+
 def ext_extract(m, opcode, extv, name_prefix="ext"):
     """Each extension header's lanes from the extension-header vector, placed by opcode."""
     out = {}
@@ -140,7 +153,6 @@ class Decision(data.Struct):
     ip: 1                        # an IPv4/IPv6 frame: it must not end inside its IP packet
     framing_bad: 1               # MALFORMED before anything else (frame length: stage B)
     csum_bad: 1                  # IPv4 header checksum (RoCEv2 frames)
-    late: DropReason             # after the ICRC check: TVer, opcode, opcode lengths
     hlen: 7                      # header bytes before the payload (L)
     plen: MAX_FRAME_BITS         # payload bytes (P)
     end: POS_BITS                # absolute offset of the ICRC (E)
@@ -148,6 +160,13 @@ class Decision(data.Struct):
     ip_off: 5                    # 14 or 18
     udp_off: 7
     ipv6: 1
+    # the late checks' operands, checked in stage B with the frame's last beat
+    pad: 2                       # BTH pad count
+    op_known: 1
+    op_payload: 1                # the opcode carries a payload
+    tver_bad: 1                  # BTH TVer != 0
+    plen_ovf: 1                  # payload length does not fit MAX_FRAME_BITS
+    k: 6                         # (-end) mod B: the ICRC word alignment (stage B)
 
 
 class Parser(wiring.Component):
@@ -156,7 +175,7 @@ class Parser(wiring.Component):
         self.data_width = data_width
         self.nbytes = data_width // 8
         self.window_beats = -(-HEADER_WINDOW // self.nbytes)
-        self.latency = self.window_beats + 3 + DECODE_STAGES
+        self.latency = self.window_beats + 5 + DECODE_STAGES
         super().__init__({
             "i": In(stream.Signature(beat_layout(data_width))),
             "o": Out(stream.Signature(beat_layout(data_width))),
@@ -213,9 +232,12 @@ class Parser(wiring.Component):
         #   D1  the window is copied (the next frame overwrites it from the next clock) with the
         #       EtherType decode;
         #   D2  IP offset, IPv4/IPv6 fields, the UDP offset and the L4 window, the IPv4 header's
-        #       raw word sum, the IP lengths;
-        #   D3  opcode, extension headers, lengths and every check: the decision and the record,
-        #       registered and written to the FIFOs the next clock.
+        #       word sum as three partial sums, the IP lengths; only the Ethernet/VLAN bytes and
+        #       the IP header window of the window copy go on;
+        #   D3  opcode, extension headers, lengths and the checks up to the IPv4 checksum: the
+        #       decision and the record, registered and written to the FIFOs the next clock
+        #       (the late checks -- TVer, opcode, opcode lengths -- are made in stage B from the
+        #       decision's operands).
         def ip_window(win, vlan_p):
             ipwin = Signal(60 * 8)
             m.d.comb += ipwin.eq(Mux(vlan_p, win[18 * 8:78 * 8], win[14 * 8:74 * 8]))
@@ -251,33 +273,35 @@ class Parser(wiring.Component):
         ip_len_c = Signal(POS_BITS)
         m.d.comb += ip_len_c.eq(Mux(is6, 40 + ip6_c["payload_length"], ip4_c["total_length"]))
         d2_valid = Signal()
-        d2_win = Signal.like(window)
+        d2_eth = Signal(18 * 8)       # Ethernet and VLAN header bytes
+        d2_ipwin = Signal(60 * 8)     # the IP header window
         d2_vlan_p, d2_is4, d2_is6 = Signal(), Signal(), Signal()
         l4 = Signal(L4_WINDOW * 8)
         udp_off = Signal(7)
         ip_len = Signal(POS_BITS)
         ip_end = Signal(POS_BITS)
         v4_bad, v6_bad = Signal(name="v4_bad"), Signal(name="v6_bad")
-        csum_sum = Signal(21)
+        csum_parts = [Signal(21, name=f"csum_part{i}") for i in range(3)]
         m.d.sync += d2_valid.eq(d1_valid)
         with m.If(d1_valid):
             m.d.sync += [
-                d2_win.eq(d1_win), d2_vlan_p.eq(vlan_p), d2_is4.eq(is4), d2_is6.eq(is6),
+                d2_eth.eq(d1_win[:18 * 8]), d2_ipwin.eq(ipwin_c),
+                d2_vlan_p.eq(vlan_p), d2_is4.eq(is4), d2_is6.eq(is6),
                 l4.eq(l4_c), udp_off.eq(udp_off_c), ip_len.eq(ip_len_c),
                 ip_end.eq(ip_off_c + ip_len_c),
                 v4_bad.eq(is4 & ((ip4_c["version"] != 4) | (ihl_c < 5)
                                  | (ip4_c["total_length"] < ihl_c * 4))),
                 v6_bad.eq(is6 & (ip6_c["version"] != 6)),
-                csum_sum.eq(ipv4_words_sum(ipwin_c, ihl_c)),
+                *(p.eq(v) for p, v in zip(csum_parts, ipv4_words_sums(ipwin_c, ihl_c, 3),
+                                          strict=True)),
             ]
 
         # D3
         is4, is6, vlan_p = d2_is4, d2_is6, d2_vlan_p
-        win = d2_win
-        eth = unpack_header(H.ETH, win[:H.ETH.size * 8])
-        vlan = unpack_header(H.VLAN, win[14 * 8:18 * 8])
+        eth = unpack_header(H.ETH, d2_eth[:H.ETH.size * 8])
+        vlan = unpack_header(H.VLAN, d2_eth[14 * 8:18 * 8])
         ip_off = Mux(vlan_p, 18, 14)
-        ipwin = ip_window(win, vlan_p)
+        ipwin = d2_ipwin
         ip4 = unpack_header(H.IPV4, ipwin[:160])
         ip6 = unpack_header(H.IPV6, ipwin[:320])
         ihl = ip4["ihl"]
@@ -293,13 +317,14 @@ class Parser(wiring.Component):
                      is4 & ~v4_bad & (ip4["protocol"] == H.IPPROTO_UDP) & (ip4["frag_offset"] == 0))
         roce = materialize(m, (is4 | is6) & udp_is & (udp["dport"] == H.ROCEV2_UDP_PORT), "roce")
 
+        # adders balanced by hand (Amaranth folds no constants): hlen two deep, plen three
         hlen = Signal(8)
-        m.d.comb += hlen.eq(udp_off + H.UDP.size + H.BTH.size + ext_len)
+        m.d.comb += hlen.eq(udp_off + (ext_len + (H.UDP.size + H.BTH.size)))
         end = Signal(POS_BITS)
         m.d.comb += end.eq(ip_end - 4)
         pad = bth["pad_count"]
         plen_wide = Signal(POS_BITS + 1)
-        m.d.comb += plen_wide.eq(end - hlen - pad)
+        m.d.comb += plen_wide.eq((ip_end - (pad + 4)) - hlen)
         # Checks in the order that names a frame's verdict (sim/packets.py documents the same
         # order for the golden model): framing first, since without it nothing can be located;
         # then the IPv4 checksum; then the ICRC (stage B), which outranks every BTH-level fault
@@ -309,26 +334,21 @@ class Parser(wiring.Component):
             (is4 & frag)
             | (udp["length"] != ip_len - (udp_off - ip_off))
             | (ip_end < udp_off + H.UDP.size + H.BTH.size + 4)))    # no room for BTH + ICRC
+        csum_sum = materialize(m, tree_sum(csum_parts), "csum_sum")
         csum_bad = roce & is4 & (ones_complement_fold(csum_sum) != 0xFFFF)     # RFC 1071
-        transport_bad = (
-            (ip_end < hlen + pad + 4)                             # ext headers + pad + ICRC
-            | (op_known & ((end - hlen)[:2] != 0))                # payload + pad not 4-aligned
-            | (plen_wide >= (1 << MAX_FRAME_BITS))
-            | (op_known & ~op_payload & ((pad != 0) | (end != hlen))))
-        late = Signal(DropReason)
-        with m.If(bth["tver"] != 0):
-            m.d.comb += late.eq(DropReason.MALFORMED)
-        with m.Elif(~op_known):
-            m.d.comb += late.eq(DropReason.OPCODE)
-        with m.Elif(transport_bad):
-            m.d.comb += late.eq(DropReason.MALFORMED)
+        # The late checks (TVer, opcode, opcode lengths) are made in stage B from the decision.
 
         dec_c = Signal(Decision)
         m.d.comb += [
             dec_c.raw.eq(~roce),
             dec_c.framing_bad.eq(framing_bad),
             dec_c.csum_bad.eq(csum_bad),
-            dec_c.late.eq(Mux(roce, late, DropReason.NONE)),
+            dec_c.pad.eq(pad),
+            dec_c.op_known.eq(op_known),
+            dec_c.op_payload.eq(op_payload),
+            dec_c.tver_bad.eq(bth["tver"] != 0),
+            dec_c.plen_ovf.eq(plen_wide >= (1 << MAX_FRAME_BITS)),
+            dec_c.k.eq((-end)[:lg] if lg else 0),
             dec_c.ip.eq((is4 & ~v4_bad) | (is6 & ~v6_bad)),
             dec_c.hlen.eq(Mux(roce, hlen, 0)),
             dec_c.plen.eq(plen_wide),
@@ -378,19 +398,19 @@ class Parser(wiring.Component):
         fin = Signal(beat)
         fin_valid = Signal()
 
-        o_beat = Signal(beat)
-        o_valid = Signal()
-        o_crc = Signal(32)
-        o_k = Signal(range(B))
-        o_icrc = Signal(32)
-        o_framing = Signal()
-        o_csum = Signal()
-        o_late = Signal(DropReason)
-        o_check = Signal()
-        o_frame_len = Signal(MAX_FRAME_BITS)
+        # Output pipeline: three registers (o1, o2, o3), advancing together with the ICRC
+        # pipeline whenever the output is free, so that the CRC register holds a frame's whole
+        # ICRC when that frame's last beat is in o3. Each carries the beat and, on a frame's
+        # last beat, the verdict's operands.
+        ol = data.StructLayout({
+            "beat": beat, "icrc": 32, "framing": 1, "csum": 1, "late": DropReason, "check": 1,
+            "frame_len": MAX_FRAME_BITS,
+        })
+        o1, o2, o3 = Signal(ol), Signal(ol), Signal(ol)
+        o1_valid, o2_valid, o3_valid = Signal(), Signal(), Signal()
+        adv = ~o3_valid | self.o.ready
 
-        o_free = ~o_valid | self.o.ready
-        proc = cur_valid & dec_fifo.r_rdy & (cur.last | data_fifo.r_rdy) & o_free
+        proc = cur_valid & dec_fifo.r_rdy & (cur.last | data_fifo.r_rdy) & adv
         load = (proc | ~cur_valid) & data_fifo.r_rdy
         m.d.comb += data_fifo.r_en.eq(load)
         with m.If(load):
@@ -415,10 +435,36 @@ class Parser(wiring.Component):
         cand_emit = materialize(m, (k_out >= 0) & (remaining > 0), "cand_emit")
         cand_final = materialize(m, remaining <= B, "cand_final")
 
-        # ICRC over the masked beat; the received ICRC captured as it passes.
-        lanes = IcrcLanes(m, cur.data, base, d.ip_off, d.udp_off, d.ipv6, d.end, B, name="rx_icrc")
-        crc_next = Signal(32)
-        m.d.comb += crc_next.eq(Mux(lanes.update, lanes.step(crc, b_idx == 0), crc))
+        # ICRC: the data-independent lane controls come with each beat into c2; c3 holds the
+        # ICRC word, the masked stream delayed by k = (-end) mod B bytes so that the ICRC's
+        # last byte ends a word (the init-0 CRC ignores the zero bytes this puts in front); the
+        # CRC register takes c3's word as the beat's output, if any, enters o3. The received
+        # ICRC is captured as it passes.
+        zero, ff, nib = icrc_lane_ctrl(m, base, d.ip_off, d.udp_off, d.ipv6, d.end, B,
+                                       name="rx_icrc")
+        cl = data.StructLayout({"data": self.data_width, "zero": B, "ff": B, "nib": B,
+                                "first": 1, "update": 1, "k": 6})
+        c2, c3 = Signal(cl), Signal(cl)
+        c2_valid, c3_valid = Signal(), Signal()
+        c3_word = Signal(self.data_width)
+        prev_masked = Signal(self.data_width)
+        with m.If(adv):
+            m.d.sync += [c2_valid.eq(proc), c3_valid.eq(c2_valid)]
+        with m.If(proc):
+            m.d.sync += [
+                c2.data.eq(cur.data), c2.zero.eq(zero), c2.ff.eq(ff), c2.nib.eq(nib),
+                c2.first.eq(b_idx == 0), c2.update.eq(base < d.end), c2.k.eq(d.k),
+            ]
+        masked = materialize(m, icrc_mask(c2.data, c2.zero, c2.ff, c2.nib, B), "rx_icrc_masked")
+        if lg:
+            older = Mux(c2.first, 0, prev_masked)
+            word = Cat(older, masked).bit_select((B - c2.k[:lg]).as_unsigned() * 8, B * 8)
+        else:
+            word = masked
+        with m.If(adv & c2_valid):
+            m.d.sync += [c3.eq(c2), c3_word.eq(word), prev_masked.eq(masked)]
+        with m.If(adv & c3_valid & c3.update):
+            m.d.sync += crc.eq(crc_step(m, Mux(c3.first, 0, crc), c3_word, name="rx_icrc_crc"))
         cap_eq, icrc_next = icrc_capture(icrc_rx, cur.data, base, d.end, B)
         m.d.comb += cap_eq
         frame_len = Signal(POS_BITS)
@@ -426,6 +472,20 @@ class Parser(wiring.Component):
         too_long = frame_len > Mux(d.ip_end > 60, d.ip_end, 60)
         len_err = ((frame_len < d.ip_off)                  # shorter than its Ethernet header
                    | (d.ip & (frame_len < d.ip_end)) | (~d.raw & too_long))
+        transport_bad = (
+            (d.ip_end < d.hlen + d.pad + 4)                       # ext headers + pad + ICRC
+            | (d.op_known & ((d.end - d.hlen)[:2] != 0))          # payload + pad not 4-aligned
+            | d.plen_ovf
+            | (d.op_known & ~d.op_payload & ((d.pad != 0) | (d.end != d.hlen))))
+        late = Signal(DropReason)
+        with m.If(d.raw):
+            m.d.comb += late.eq(DropReason.NONE)
+        with m.Elif(d.tver_bad):
+            m.d.comb += late.eq(DropReason.MALFORMED)
+        with m.Elif(~d.op_known):
+            m.d.comb += late.eq(DropReason.OPCODE)
+        with m.Elif(transport_bad):
+            m.d.comb += late.eq(DropReason.MALFORMED)
 
         emit = Signal()
         out = Signal(beat)
@@ -441,50 +501,52 @@ class Parser(wiring.Component):
             m.d.comb += [emit.eq(1), out.data.eq(cand.data), out.keep.eq(cand.keep)]
 
         with m.If(proc):
-            m.d.sync += [crc.eq(crc_next), icrc_rx.eq(icrc_next)]
+            m.d.sync += icrc_rx.eq(icrc_next)
             with m.If(cur.last):
                 m.d.sync += [b_idx.eq(0), fin_valid.eq(0)]
             with m.Else():
                 m.d.sync += b_idx.eq(b_idx + 1)
                 with m.If(~d.raw & cand_emit & cand_final):
                     m.d.sync += [fin.eq(cand), fin_valid.eq(1)]
-            with m.If(cur.last):
-                m.d.sync += [
-                    o_crc.eq(crc_next),
-                    o_icrc.eq(icrc_next),
-                    o_k.eq(lanes.k),
-                    o_framing.eq(d.framing_bad | len_err),
-                    o_csum.eq(d.csum_bad),
-                    o_late.eq(d.late),
-                    o_check.eq(~d.raw),
-                    o_frame_len.eq(frame_len),
-                ]
         m.d.comb += dec_fifo.r_en.eq(proc & cur.last)
 
+        with m.If(adv):
+            m.d.sync += [o1_valid.eq(proc & emit), o2_valid.eq(o1_valid), o3_valid.eq(o2_valid)]
         with m.If(proc & emit):
-            m.d.sync += [o_valid.eq(1), o_beat.eq(out)]
-        with m.Elif(self.o.ready):
-            m.d.sync += o_valid.eq(0)
+            m.d.sync += o1.beat.eq(out)
+            with m.If(cur.last):
+                m.d.sync += [
+                    o1.icrc.eq(icrc_next),
+                    o1.framing.eq(d.framing_bad | len_err),
+                    o1.csum.eq(d.csum_bad),
+                    o1.late.eq(late),
+                    o1.check.eq(~d.raw),
+                    o1.frame_len.eq(frame_len),
+                ]
+        with m.If(adv & o1_valid):
+            m.d.sync += o2.eq(o1)
+        with m.If(adv & o2_valid):
+            m.d.sync += o3.eq(o2)
 
         # ---------------------------------------------------------------- output and verdict
-        icrc_bad = icrc_finish(m, o_crc, o_k, B, name="rx_icrc_fin") != o_icrc
+        icrc_bad = (crc ^ 0xFFFFFFFF) != o3.icrc
         verdict = Signal(DropReason)
-        with m.If(o_framing):
+        with m.If(o3.framing):
             m.d.comb += verdict.eq(DropReason.MALFORMED)
-        with m.Elif(o_csum):
+        with m.Elif(o3.csum):
             m.d.comb += verdict.eq(DropReason.IP_CHECKSUM)
-        with m.Elif(o_check & icrc_bad):
+        with m.Elif(o3.check & icrc_bad):
             m.d.comb += verdict.eq(DropReason.ICRC)
         with m.Else():
-            m.d.comb += verdict.eq(o_late)
+            m.d.comb += verdict.eq(o3.late)
         m.d.comb += [
-            self.o.valid.eq(o_valid),
-            self.o.payload.eq(o_beat),
+            self.o.valid.eq(o3_valid),
+            self.o.payload.eq(o3.beat),
             self.o_meta.eq(rec_fifo.r_data),
-            self.o_meta.frame_len.eq(o_frame_len),
+            self.o_meta.frame_len.eq(o3.frame_len),
             self.o_meta.drop.eq(verdict != DropReason.NONE),
             self.o_meta.reason.eq(verdict),
-            rec_fifo.r_en.eq(self.o.valid & self.o.ready & o_beat.last),
+            rec_fifo.r_en.eq(self.o.valid & self.o.ready & o3.beat.last),
         ]
         return m
 
