@@ -57,8 +57,8 @@ each ``result[n]`` answering ``check[n]``):
 
 Parameters: ``entries`` (power of two, <= 65536), ``pages`` (1 .. 65536; page-table index
 width 16), ``checkers`` (independent check ports), ``tag_bits`` (width of the request tag).
-Latency: ``LATENCY = 4`` cycles (entry read; checks and page offset; page-table read;
-registered answer), one request per clock per port.
+Latency: ``LATENCY = 5`` cycles (entry read; checks and page offset; page index and bounds;
+verdict and page-table read; registered answer), one request per clock per port.
 
 Block RAM: each check port has its own read port of the entry and page memories; the command
 port has one read and one write port of each, on the same address, so Yosys maps them onto one
@@ -112,7 +112,7 @@ def resp_layout():
 class MrProtection(wiring.Component):
     """The MR table and its check pipelines; see the module docstring for ports and semantics."""
 
-    LATENCY = 4
+    LATENCY = 5
 
     def __init__(self, entries=1024, pages=1024, *, checkers=1, tag_bits=0):
         assert 1 <= entries <= 1 << INDEX_BITS and entries & (entries - 1) == 0, entries
@@ -238,7 +238,12 @@ class MrProtection(wiring.Component):
         e = entry_r.data
         shift = e.page_shift
         mask = sig("mask", 32)          # P - 1 (page_shift <= 31)
-        m.d.comb += mask.eq(Cat(*(Const(i, 5) < shift for i in range(32))))
+        # A table of constants (each bit one 5-input function of the shift), not 32 compares:
+        # yosys maps ``i < shift`` to a carry chain each, a level more on the RAM's output.
+        with m.Switch(shift):
+            for i in range(SHIFT_MAX + 1):
+                with m.Case(i):
+                    m.d.comb += mask.eq((1 << i) - 1)
         lo_diff = sig("lo_diff", 65)    # va - entry.va; bit 64: va < entry.va
         req_end = sig("req_end", 65)    # va + length, without wrap
         mr_end = sig("mr_end", 65)      # entry.va + entry.length, without wrap
@@ -278,70 +283,97 @@ class MrProtection(wiring.Component):
             s2["tag"].eq(s1.tag),
         ]
 
-        # ---- stage 2: bounds, page index and the page-table read; the answer is decided.
+        # ---- stage 2: the page index (page offset >> page shift, plus the page-list row) and
+        # every comparison that needs a carry chain; registered, so that the verdict of stage 3
+        # is a few LUTs of registered flags.
         page = sig("page", 64)
         pidx = sig("pidx", INDEX_BITS + 1)
         page_ok = sig("page_ok", 1)
-        bounds_ok = sig("bounds_ok", 1)
         m.d.comb += [
             page.eq(s2["from_page"] >> s2["shift"]),
             pidx.eq(s2["pbl_index"] + page[:INDEX_BITS]),
             page_ok.eq((page[INDEX_BITS:] == 0) & (pidx < self.pages)),
-            bounds_ok.eq(s2["lo_ok"] & (s2["req_end"] <= s2["mr_end"])
-                         & (~s2["page_list"] | page_ok)),
         ]
+        row = sig("row", max(pab, 1))   # the page-table row to read (never past the last row)
         if self.pages == 1 << pab:
-            m.d.comb += page_r.addr.eq(pidx[:pab])
-        else:   # never address past the table's last row
-            m.d.comb += page_r.addr.eq(Mux(pidx < self.pages, pidx[:pab], 0))
+            m.d.comb += row.eq(pidx[:pab])
+        else:
+            m.d.comb += row.eq(Mux(pidx < self.pages, pidx[:pab], 0))
 
+        s3 = {name: sig(f"s3_{name}", shape) for name, shape in [
+            ("valid", 1), ("zero", 1), ("key_ok", 1), ("pdt_ok", 1), ("acc_ok", 1),
+            ("lo_ok", 1), ("hi_ok", 1), ("page_ok", 1), ("row", max(pab, 1)), ("bus_contig", 64),
+            ("page_list", 1), ("room_short", 1), ("room", 33), ("length", 32), ("mask", 32), ("va_low", 32),
+            ("tag", tb)]}
+        m.d.sync += [
+            s3["valid"].eq(s2["valid"]),
+            s3["zero"].eq(s2["zero"]),
+            s3["key_ok"].eq(s2["key_ok"]),
+            s3["pdt_ok"].eq(s2["pdt_ok"]),
+            s3["acc_ok"].eq(s2["acc_ok"]),
+            s3["lo_ok"].eq(s2["lo_ok"]),
+            s3["hi_ok"].eq(s2["req_end"] <= s2["mr_end"]),
+            s3["page_ok"].eq(~s2["page_list"] | page_ok),
+            s3["row"].eq(row),
+            s3["bus_contig"].eq(s2["bus_base"] + s2["off"]),
+            s3["page_list"].eq(s2["page_list"]),
+            s3["room_short"].eq(s2["room"] < s2["length"]),
+            s3["room"].eq(s2["room"]),
+            s3["length"].eq(s2["length"]),
+            s3["mask"].eq(s2["mask"]),
+            s3["va_low"].eq(s2["va_low"]),
+            s3["tag"].eq(s2["tag"]),
+        ]
+
+        # ---- stage 3: the answer is decided; the page-table read.
+        m.d.comb += page_r.addr.eq(s3["row"])
         reason = sig("reason", 3)
-        with m.If(s2["zero"]):
+        with m.If(s3["zero"]):
             m.d.comb += reason.eq(MrReason.OK)
-        with m.Elif(~s2["key_ok"]):
+        with m.Elif(~s3["key_ok"]):
             m.d.comb += reason.eq(MrReason.BAD_KEY)
-        with m.Elif(~s2["pdt_ok"]):
+        with m.Elif(~s3["pdt_ok"]):
             m.d.comb += reason.eq(MrReason.PD_TENANT)
-        with m.Elif(~s2["acc_ok"]):
+        with m.Elif(~s3["acc_ok"]):
             m.d.comb += reason.eq(MrReason.ACCESS)
-        with m.Elif(~bounds_ok):
+        with m.Elif(~(s3["lo_ok"] & s3["hi_ok"] & s3["page_ok"])):
             m.d.comb += reason.eq(MrReason.BOUNDS)
         with m.Else():
             m.d.comb += reason.eq(MrReason.OK)
         # moves: an allowed transfer of at least one byte (the only answer with an address).
         moves = sig("moves", 1)
-        m.d.comb += moves.eq(s2["valid"] & ~s2["zero"] & (reason == MrReason.OK))
+        m.d.comb += moves.eq(s3["valid"] & ~s3["zero"] & (reason == MrReason.OK))
         span = sig("span", 32)
         with m.If(moves):
-            with m.If(s2["page_list"] & (s2["room"] < s2["length"])):
-                m.d.comb += span.eq(s2["room"])
+            with m.If(s3["page_list"] & s3["room_short"]):
+                m.d.comb += span.eq(s3["room"])
             with m.Else():
-                m.d.comb += span.eq(s2["length"])
+                m.d.comb += span.eq(s3["length"])
 
-        s3 = {name: sig(f"s3_{name}", shape) for name, shape in [
+        s4 = {name: sig(f"s4_{name}", shape) for name, shape in [
             ("valid", 1), ("allowed", 1), ("reason", 3), ("span", 32), ("use_page", 1),
             ("bus_contig", 64), ("mask", 32), ("va_low", 32), ("tag", tb)]}
         m.d.sync += [
-            s3["valid"].eq(s2["valid"]),
-            s3["allowed"].eq(s2["valid"] & (reason == MrReason.OK)),
-            s3["reason"].eq(Mux(s2["valid"], reason, 0)),
-            s3["span"].eq(span),
-            s3["use_page"].eq(moves & s2["page_list"]),
-            s3["bus_contig"].eq(Mux(moves & ~s2["page_list"], s2["bus_base"] + s2["off"], 0)),
-            s3["mask"].eq(s2["mask"]),
-            s3["va_low"].eq(s2["va_low"]),
-            s3["tag"].eq(Mux(s2["valid"], s2["tag"], 0)),
+            s4["valid"].eq(s3["valid"]),
+            s4["allowed"].eq(s3["valid"] & (reason == MrReason.OK)),
+            s4["reason"].eq(Mux(s3["valid"], reason, 0)),
+            s4["span"].eq(span),
+            s4["use_page"].eq(moves & s3["page_list"]),
+            s4["bus_contig"].eq(Mux(moves & ~s3["page_list"], s3["bus_contig"], 0)),
+            s4["mask"].eq(s3["mask"]),
+            s4["va_low"].eq(s3["va_low"]),
+            s4["tag"].eq(Mux(s3["valid"], s3["tag"], 0)),
         ]
 
-        # ---- stage 3: the page's bus address with the offset in the page; registered answer.
+        # ---- stage 4: the page's bus address with the offset in the page; registered answer.
         page_addr = sig("page_addr", 64)
-        m.d.comb += page_addr.eq(Cat((page_r.data[:32] & ~s3["mask"]) | s3["va_low"],
+        m.d.comb += page_addr.eq(Cat((page_r.data[:32] & ~s4["mask"]) | s4["va_low"],
                                      page_r.data[32:]))
         m.d.sync += [
-            res.valid.eq(s3["valid"]),
-            res.payload.allowed.eq(s3["allowed"]),
-            res.payload.reason.eq(s3["reason"]),
-            res.payload.bus_addr.eq(Mux(s3["use_page"], page_addr, s3["bus_contig"])),
-            res.payload.span.eq(s3["span"]),
-            res.payload.tag.eq(s3["tag"]),
+            res.valid.eq(s4["valid"]),
+            res.payload.allowed.eq(s4["allowed"]),
+            res.payload.reason.eq(s4["reason"]),
+            res.payload.bus_addr.eq(Mux(s4["use_page"], page_addr, s4["bus_contig"])),
+            res.payload.span.eq(s4["span"]),
+            res.payload.tag.eq(s4["tag"]),
         ]
