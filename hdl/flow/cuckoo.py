@@ -94,6 +94,16 @@ The undo replays the recorded ways backwards with the same LATCH/WRITE pair (the
 step is the hash of the key carried back, so only the way of each step is recorded; consecutive
 steps use different ways, so the read of the next step shares the cycle of the write).
 
+Manager timing: no path runs from a way's read data through a key comparison to the next read
+address. IDLE already reads the slots of the key offered on ``cmd`` (hashed straight from the
+port); PROBE reads the same slots again for CHECK and registers the comparisons of the carried
+key with that first read and with the stash (``t_hit``, ``s_hit``: nothing is written between
+the two reads, and ``cur`` and the stash do not change in PROBE), so CHECK decides from
+registers. LATCH and UNDO_LATCH only look at the ``valid`` bits and copy a slot into ``old``.
+Each stash entry keeps its key's slot addresses (taken from ``cur_addr`` when ``cur`` goes to
+the stash), so starting a re-home walk selects registers and hashes nothing. The cycle counts
+above are unchanged by this.
+
 The key under INSERT is never visible before the answer: while a walk carries it, a lookup of
 exactly that key is forced to miss (``hide``, compared in stage 1 like the registers), so a FULL
 insert is never seen at all, an insert walk that succeeds becomes visible with the response, and
@@ -281,7 +291,9 @@ class FlowTable(wiring.Component):
         m.d.sync += [
             r_valid.eq(s2_valid),
             r_hit.eq(s2_hit),
-            r_val.eq(Mux(s2_hit, _or_values(way_pairs, V) | s2_reg_val, 0)),
+            # Every term is 0 unless its own hit is set, so only ``hide`` needs clearing (not a
+            # mux on the OR of the hits: two logic levels less after the compare).
+            r_val.eq(Mux(s2_hide, 0, _or_values(way_pairs, V) | s2_reg_val)),
             r_tag.eq(s2_tag),
         ]
         m.d.comb += [
@@ -323,18 +335,22 @@ class FlowTable(wiring.Component):
         ]
 
         # Hash unit of the manager: the command's key (IDLE), the evictee (WRITE, UNDO_WRITE)
-        # or the stash entry to re-home (REHOME).
+        # (a stash entry to re-home brings its slot addresses, below).
         h_in = Signal(KEY_BITS)
         nh = hash_signals(h_in, "mg_h")
+        writing = Signal()
+        idle = Signal()
+        m.d.comb += h_in.eq(Mux(idle, self.cmd.payload.key, old_key))
 
         # Manager port addresses: every way reads/writes the carried key's slot, except that in
-        # WRITE / UNDO_WRITE the ways other than the written one read the next carried key's.
-        writing = Signal()
+        # WRITE / UNDO_WRITE the ways other than the written one read the next carried key's, and
+        # that IDLE reads the slots of the key offered on ``cmd`` (so the data is out of the RAM
+        # in PROBE, where it is compared; see ``t_hit`` below).
         wr_en = Signal(W)
         wr_valid = Signal(init=1)
         for w in range(W):
             a = Signal(A, name=f"mg_addr{w}")
-            m.d.comb += a.eq(Mux(writing & (way != w), nh[w], cur_addr[w]))
+            m.d.comb += a.eq(Mux(idle | (writing & (way != w)), nh[w], cur_addr[w]))
             m.d.comb += [
                 mg_rd[w].addr.eq(a),
                 mg_wr[w].addr.eq(a),
@@ -353,17 +369,19 @@ class FlowTable(wiring.Component):
         path_rd = path.read_port(domain="sync")
         m.d.comb += [path_wr.addr.eq(kicks), path_wr.data.eq(way)]
 
-        # Comparisons of the carried key with the manager's read data and the stash.
+        # Comparisons of the carried key with the manager's read data and the stash, made in
+        # PROBE and registered for CHECK (their only user): the read data in PROBE comes from the
+        # read IDLE made at the command key's slots, the same slots PROBE reads for CHECK (no
+        # write in between), and ``cur_key`` and the stash do not change in PROBE. So the key
+        # compare is not on the path from the RAM's read data to the manager's next address.
         t_hit = Signal(W)
         empty = Signal(W)
         for w in range(W):
-            m.d.comb += [
-                t_hit[w].eq(rd[w].valid & (rd[w].key.as_value() == cur_key)),
-                empty[w].eq(~rd[w].valid),
-            ]
+            m.d.sync += t_hit[w].eq(rd[w].valid & (rd[w].key.as_value() == cur_key))
+            m.d.comb += empty[w].eq(~rd[w].valid)
         s_hit = Signal(max(S, 1))
         for i in range(S):
-            m.d.comb += s_hit[i].eq(st_valid[i] & (st_key[i] == cur_key))
+            m.d.sync += s_hit[i].eq(st_valid[i] & (st_key[i] == cur_key))
         found_val = Signal(V)
         m.d.comb += found_val.eq(_or_values(
             [(t_hit[w], rd[w].value) for w in range(W)] + [(s_hit[i], st_val[i]) for i in range(S)], V))
@@ -390,6 +408,17 @@ class FlowTable(wiring.Component):
                 m.d.comb += st_free.eq(i)
             with m.If(rh_cand[i]):
                 m.d.comb += rh_next.eq(i)
+        # The stash entry to re-home next: its key, value and slot addresses. Each stash entry
+        # keeps the slot addresses of its key (``cur_addr`` when ``cur`` went to the stash: the
+        # manager always loads ``cur_addr`` with the hash of ``cur_key``), so starting a re-home
+        # walk is a selection of registers, with no hash unit on the way.
+        st_addr = [Signal(W * A, name=f"st_addr{i}") for i in range(S)]
+        rh_key, rh_val = Signal(KEY_BITS), Signal(V)
+        rh_addr = [Signal(A, name=f"rh_addr{w}") for w in range(W)]
+        if S:
+            m.d.comb += [rh_key.eq(Cat(*st_key).word_select(rh_next, KEY_BITS)),
+                         rh_val.eq(Cat(*st_val).word_select(rh_next, V)),
+                         Cat(*rh_addr).eq(Cat(*st_addr).word_select(rh_next, W * A))]
 
         # Response.
         resp_fire = Signal()
@@ -416,8 +445,7 @@ class FlowTable(wiring.Component):
         def start_rehome():
             """Re-home the next untried stash entry, or answer the delete."""
             with m.If(rh_more):
-                m.d.comb += h_in.eq(Cat(*st_key).word_select(rh_next, KEY_BITS) if S else 0)
-                load_cur(h_in, Cat(*st_val).word_select(rh_next, V), nh)
+                load_cur(rh_key, rh_val, rh_addr)
                 m.d.sync += [rh_sel.eq(rh_next), rh_tried.eq(rh_tried | (1 << rh_next)[:S]),
                              rehome.eq(1), cur_vis.eq(0)]
                 m.next = "PROBE"
@@ -451,7 +479,7 @@ class FlowTable(wiring.Component):
         m.d.comb += self.busy.eq(1)
         with m.FSM():
             with m.State("IDLE"):
-                m.d.comb += [self.busy.eq(0), self.cmd.ready.eq(1), h_in.eq(self.cmd.payload.key)]
+                m.d.comb += [self.busy.eq(0), self.cmd.ready.eq(1), idle.eq(1)]
                 with m.If(self.cmd.valid):
                     load_cur(h_in, self.cmd.payload.value, nh)
                     m.d.sync += [
@@ -508,7 +536,7 @@ class FlowTable(wiring.Component):
 
             with m.State("WRITE"):
                 # cur over the slot whose occupant is in old; the other ways read old's slots.
-                m.d.comb += [writing.eq(1), wr_en.eq(1 << way), h_in.eq(old_key), path_wr.en.eq(1)]
+                m.d.comb += [writing.eq(1), wr_en.eq(1 << way), path_wr.en.eq(1)]
                 load_cur(old_key, old_val, nh)
                 m.d.sync += [frm.eq(way), kicks.eq(kicks + 1), old_vis.eq(0)]
                 m.next = "LATCH"
@@ -525,6 +553,7 @@ class FlowTable(wiring.Component):
                             # (that entry is in the table now), so no undo is needed.
                             m.d.sync += [
                                 Cat(*st_key).word_select(rh_sel, KEY_BITS).eq(cur_key),
+                                Cat(*st_addr).word_select(rh_sel, W * A).eq(Cat(*cur_addr)),
                                 Cat(*st_val).word_select(rh_sel, V).eq(cur_val),
                             ]
                             start_rehome()
@@ -532,6 +561,7 @@ class FlowTable(wiring.Component):
                             m.d.sync += [
                                 st_valid.bit_select(st_free, 1).eq(1),
                                 Cat(*st_key).word_select(st_free, KEY_BITS).eq(cur_key),
+                                Cat(*st_addr).word_select(st_free, W * A).eq(Cat(*cur_addr)),
                                 Cat(*st_val).word_select(st_free, V).eq(cur_val),
                                 cur_vis.eq(0),
                                 hide.eq(0),
@@ -563,7 +593,7 @@ class FlowTable(wiring.Component):
             with m.State("UNDO_WRITE"):
                 # cur back over the slot it came from (its occupant in old); the previous step's
                 # way (path data) reads old's slot there.
-                m.d.comb += [writing.eq(1), wr_en.eq(1 << way), h_in.eq(old_key)]
+                m.d.comb += [writing.eq(1), wr_en.eq(1 << way)]
                 load_cur(old_key, old_val, nh)
                 m.d.sync += old_vis.eq(0)
                 with m.If(kicks == 0):     # cur becomes the inserted key again: drop it
