@@ -79,7 +79,7 @@ class HeaderPrep(data.Struct):
     l4_len: 17                  # UDP length: UDP + BTH + extension headers + payload + pad + ICRC
     hlen: 7                     # header bytes before the payload
     end: POS_BITS               # offset of the ICRC
-    flen: POS_BITS              # frame bytes without FCS, padded to 60
+    end4: POS_BITS              # end + 4: stage B pads it to 60 for the frame length
     options: H.MAX_IPV4_OPTIONS * 8     # IPv4 options, bytes past (ihl - 5) * 4 zeroed
     ext: 28 * 8                 # extension headers packed by opcode
     total: 16                   # IPv4 total length
@@ -139,8 +139,9 @@ class Deparser(wiring.Component):
         end = materialize(m, hlen + plen_pad, "end")
         end4 = materialize(m, hlen + plen_pad4, "end4")
         l4_len = materialize(m, (ext_len + (H.UDP.size + H.BTH.size)) + plen_pad4, "l4_len")
-        options = Cat(*(Mux(i < (ihl - 5) * 4, r.ipv4_options[8 * i:8 * i + 8], 0)
-                        for i in range(H.MAX_IPV4_OPTIONS)))
+        # option word w (4 bytes) is in the header when w < ihl - 5: one compare per word
+        options = Cat(*(Mux(ihl > w + 5, r.ipv4_options[32 * w:32 * w + 32], 0)
+                        for w in range(H.MAX_IPV4_OPTIONS // 4)))
         options = materialize(m, options, "ip4_options")
         ip4_zero = pack_header(H.IPV4, {**_fields(r, H.IPV4), "version": 4,
                                         "protocol": H.IPPROTO_UDP, "total_length": 0,
@@ -163,7 +164,7 @@ class Deparser(wiring.Component):
             p.l4_len.eq(l4_len),
             p.hlen.eq(hlen),
             p.end.eq(end),
-            p.flen.eq(Mux(end4 > MIN_FRAME, end4, MIN_FRAME)),
+            p.end4.eq(end4),
             p.options.eq(options),
             p.ext.eq(ext),
             p.total.eq(ihl * 4 + l4_len),
@@ -216,7 +217,7 @@ class Deparser(wiring.Component):
             lay.hlen.eq(p.hlen),
             lay.plen.eq(r.payload_len),
             lay.end.eq(p.end),
-            lay.flen.eq(p.flen),
+            lay.flen.eq(Mux(p.end4 > MIN_FRAME, p.end4, MIN_FRAME)),
             lay.ip_off.eq(p.ip_off),
             lay.udp_off.eq(p.udp_off),
             lay.ipv6.eq(r.ipv6),
@@ -231,7 +232,7 @@ class Deparser(wiring.Component):
         m.d.comb += [
             lay.first.eq(p.hlen >> lg),
             lay.jpe.eq((p.hlen >> lg) + n_pay),
-            lay.jl.eq((p.flen - 1) >> lg),
+            lay.jl.eq(Mux(p.end4 > MIN_FRAME, p.end4 - 1, MIN_FRAME - 1) >> lg),
             lay.pay_end.eq(p.hlen + r.payload_len),
             lay.k.eq((-p.end)[:lg] if lg else 0),
         ]

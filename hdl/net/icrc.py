@@ -19,26 +19,28 @@ __all__ = ["IcrcLanes", "icrc_capture", "icrc_lane_ctrl", "icrc_mask", "icrc_ove
 
 
 def icrc_lane_ctrl(m, base, ip_off, udp_off, ipv6, end, nbytes, name="icrc"):
-    """How the ICRC sees each lane of a beat whose lane 0 is absolute byte ``base``, as three
-    ``nbytes``-bit vectors (one bit per lane; they do not depend on the data, so a pipeline can
-    register them ahead of it): ``zero`` (the lane is left out: before the 4 bytes that precede
-    the IP header, or from ``end`` on), ``ff`` (an all-ones byte: those 4 bytes or a variant
-    field), ``nib`` (the IPv6 first byte: its low nibble, the traffic class' high nibble, is
-    forced to ones)."""
+    """How the ICRC sees each lane of a beat whose lane 0 is absolute byte ``base`` (a multiple
+    of ``nbytes``), as three ``nbytes``-bit vectors (one bit per lane; they do not depend on the
+    data, so a pipeline can register them ahead of it): ``zero`` (the lane is left out: before
+    the 4 bytes that precede the IP header, or from ``end`` on), ``ff`` (an all-ones byte: those
+    4 bytes or a variant field), ``nib`` (the IPv6 first byte: its low nibble, the traffic
+    class' high nibble, is forced to ones)."""
+    # Compares against per-frame positions (ip_off + c, udp_off + c: small adders off the lane
+    # path) rather than against lane - offset, so no lane address goes through an adder.
+    ip_at = {c: materialize(m, ip_off + c, f"{name}_ip{c}") for c in (1, 2, 3, 7, 8, 10, 11)}
+    udp_at = {c: materialize(m, udp_off + c, f"{name}_udp{c}") for c in (6, 7, 12)}
+    ip_pre = materialize(m, ip_off - 4, f"{name}_ip_pre")
     zero, ff, nib = [], [], []
     for b in range(nbytes):
-        a = Signal(unsigned(16), name=f"{name}_a{b}")
-        m.d.comb += a.eq(base + b)
-        # Positions relative to the IP and UDP headers (wrapping when negative).
-        r = materialize(m, (a - ip_off)[:16], f"{name}_r{b}")
-        u = materialize(m, (a - udp_off)[:16], f"{name}_u{b}")
-        pre_ff = (a + 4 >= ip_off) & (a < ip_off)
-        v4_ff = ~ipv6 & ((r == 1) | (r == 8) | (r == 10) | (r == 11))
-        v6_ff = ipv6 & ((r == 1) | (r == 2) | (r == 3) | (r == 7))
-        l4_ff = (u == 6) | (u == 7) | (u == 12)   # UDP checksum, BTH byte 4
-        zero.append((a + 4 < ip_off) | (a >= end))
+        a = Signal(unsigned(17), name=f"{name}_a{b}")
+        m.d.comb += a.eq(base | b)        # base is a multiple of nbytes
+        pre_ff = (a >= ip_pre) & (a < ip_off)
+        v4_ff = ~ipv6 & ((a == ip_at[1]) | (a == ip_at[8]) | (a == ip_at[10]) | (a == ip_at[11]))
+        v6_ff = ipv6 & ((a == ip_at[1]) | (a == ip_at[2]) | (a == ip_at[3]) | (a == ip_at[7]))
+        l4_ff = (a == udp_at[6]) | (a == udp_at[7]) | (a == udp_at[12])  # UDP checksum, BTH 4
+        zero.append((a < ip_pre) | (a >= end))
         ff.append(pre_ff | v4_ff | v6_ff | l4_ff)
-        nib.append(ipv6 & (r == 0))               # version stays, traffic class high nibble
+        nib.append(ipv6 & (a == ip_off))          # version stays, traffic class high nibble
     return (materialize(m, Cat(*zero), f"{name}_zero"), materialize(m, Cat(*ff), f"{name}_ff"),
             materialize(m, Cat(*nib), f"{name}_nib"))
 
