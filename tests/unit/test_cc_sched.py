@@ -352,7 +352,6 @@ def test_strict_priority():
     assert c0 > (b.wire - per_clock(256, us)) * 0.97
 
 
-
 def test_strict_priority_capped():
     """The NIC's strict-priority case: class 7 capped through its tenant (40 % of the wire),
     class 3 greedy while it has work, class 0 greedy. Class 0 gets nothing until class 3
@@ -389,6 +388,7 @@ def test_strict_priority_capped():
     assert c3 > (b.wire - per_clock(cap, us)) * 0.97
     c0 = b.bytes_of([q0], last3 + 500, b.clock) / (b.clock - last3 - 500)
     assert c0 > (b.wire - per_clock(cap, us)) * 0.97
+
 
 def test_wrr():
     """Weights 1 and 3 in one class: bytes in ratio 1:3."""
