@@ -6,8 +6,10 @@ The ICRC covers, in the init-0 formulation of ``stellar.hdl.net.crc``:
 extension headers || payload || pad, with the variant fields forced to all ones:
 IPv4 TOS, TTL and header checksum; IPv6 traffic class, flow label and hop limit; the UDP
 checksum; BTH byte 4 (FECN, BECN, resv6). Ethernet/VLAN bytes before that are zeroed (no-ops
-for an init-0 CRC); bytes from the ICRC on are zeroed and the zero padding they add to the
-last CRC word is undone by ``crc_unpad``.
+for an init-0 CRC); bytes from the ICRC on are zeroed. The parser and the deparser delay the
+masked stream by ``(-end) mod B`` bytes so that the ICRC ends a word (leading zero bytes are
+no-ops for the init-0 CRC); :class:`IcrcLanes` with ``crc_unpad`` / ``icrc_finish`` is the
+undelayed form, which undoes the zero padding of the last word instead (used by ``test_crc``).
 """
 
 from amaranth.hdl import Cat, Mux, Signal, signed, unsigned
