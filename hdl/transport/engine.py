@@ -14,9 +14,10 @@ transport's RAMs need no forwarding at all)::
    sched_pop (next QP to send) +     |                    +-> cq (completions)
                                      +--> mover cmds: payload of rx -> DMA write / discard
 
-An event takes 4 clocks (pick, address, load, decide) plus 2 per send-queue entry it walks
-(completing WQEs on an ACK, flushing on a fatal error); a response to a request of ours takes 2
-more before it is acted on (RX_CHK1/RX_CHK2: its checks, and everything derived from the una it
+An event takes 6 clocks (pick, address, load, check, check, decide: CHK1/CHK2 let the decision's
+comparisons, differences and sums, registered from the QP state, the WQE and the event's input,
+settle in two stages) plus 2 per send-queue entry it walks (completing WQEs on an ACK, flushing
+on a fatal error); a response to a request of ours takes 2 more before it is acted on (RX_CHK1/RX_CHK2: its checks, and everything derived from the una it
 leaves, are registered from the QP state, the WQE and the packet). The QP state word the
 deciding clock computes is written to ``qs`` one clock later, in the IDLE clock that always
 follows, so the next event's load reads it. Packets of 4 KiB carry 64 beats at 512 bits, so the
@@ -600,44 +601,56 @@ class RcTransport(wiring.Component):
         expected = Signal()
         behind = Signal()
         ahead = Signal()
-        m.d.comb += [expected.eq(d == 0), behind.eq(d[23]), ahead.eq(~expected & ~d[23])]
+        # (the responder's checks below are registered: computed every clock from the packet,
+        # s and rqe, which hold still in CHK1/CHK2; DO uses them)
+        m.d.sync += [expected.eq(d == 0), behind.eq(d[23]), ahead.eq((d != 0) & ~d[23])]
         st_ok = Signal()
-        m.d.comb += st_ok.eq((ictx.state == QpState.RTR) | (ictx.state == QpState.RTS))
+        m.d.sync += st_ok.eq((ictx.state == QpState.RTR) | (ictx.state == QpState.RTS))
         seq_ok = Signal()
         with m.Switch(s.in_msg):
             with m.Case(_InMsg.NONE):
-                m.d.comb += seq_ok.eq(first | only | is_read)
+                m.d.sync += seq_ok.eq(first | only | is_read)
             with m.Case(_InMsg.SEND):
-                m.d.comb += seq_ok.eq(is_send & (middle | last))
+                m.d.sync += seq_ok.eq(is_send & (middle | last))
             with m.Case(_InMsg.WRITE):
-                m.d.comb += seq_ok.eq(is_write & (middle | last))
+                m.d.sync += seq_ok.eq(is_write & (middle | last))
+            with m.Default():
+                m.d.sync += seq_ok.eq(0)
         len_ok = Signal()
-        m.d.comb += len_ok.eq(Mux(first | middle, plen == r_mtu_q,
+        m.d.sync += len_ok.eq(Mux(first | middle, plen == r_mtu_q,
                               Mux(last, (plen != 0) & (plen <= r_mtu_q),
                               Mux(only, plen <= r_mtu_q, plen == 0))))
         wrem_in = Signal(32)       # WRITE bytes left before this packet
         m.d.comb += wrem_in.eq(Mux(first | only, rec.reth_dma_length, s.wrem))
         wlen_ok = Signal()
-        m.d.comb += wlen_ok.eq(Mux(last | only, plen == wrem_in, plen < wrem_in))
+        m.d.sync += wlen_ok.eq(Mux(last | only, plen == wrem_in, plen < wrem_in))
         ann = meta.ann
         mr_fail = Signal()
-        m.d.comb += mr_fail.eq(
+        m.d.sync += mr_fail.eq(
             (ann.mr_kind != 0) & ((ann.mr_reason != 0)
                                   | ((rec.reth_dma_length != 0) & (ann.span < rec.reth_dma_length))))
         needs_rq = Signal()
         m.d.comb += needs_rq.eq((is_send & (first | only)) | (is_write & with_imm & (last | only)))
         rq_avail = Signal()
-        m.d.comb += rq_avail.eq(s.rq_head != s.rq_tail)
+        m.d.sync += rq_avail.eq(s.rq_head != s.rq_tail)
         send_total = Signal(33)
-        m.d.comb += send_total.eq(s.rq_off + plen)
+        m.d.sync += send_total.eq(s.rq_off + plen)
         send_over = Signal()
-        m.d.comb += send_over.eq(is_send & (send_total > rqe.length))
+        m.d.sync += send_over.eq(is_send & ((s.rq_off + plen) > rqe.length))
         read_n = Signal(24)
-        m.d.comb += read_n.eq(npkts(rec.reth_dma_length, r_shift))
+        m.d.sync += read_n.eq(npkts(rec.reth_dma_length, r_shift))
+        rsp_epsn = Signal(24)       # the next epsn after an accepted request (stage 2)
+        m.d.sync += rsp_epsn.eq(psn + Mux(is_read, read_n, 1))
+        rsp_wcur = Signal(64)       # WRITE: where the payload after this packet goes
+        m.d.sync += rsp_wcur.eq(Mux(first | only, ann.bus_addr, s.wcur) + plen)
+        rsp_saddr = Signal(64)      # SEND: where this packet's payload goes
+        m.d.sync += rsp_saddr.eq(rqe.addr + s.rq_off)
+        rsp_ack_due = Signal()      # the ack_coalesce count is reached
+        m.d.sync += rsp_ack_due.eq((csr.ack_coalesce != 0) & ((s.ack_cnt + 1) >= csr.ack_coalesce))
         msg_end = Signal()
         m.d.comb += msg_end.eq(last | only | is_read)
         new_msn = Signal(24)
-        m.d.comb += new_msn.eq(ictx.msn + msg_end)
+        m.d.sync += new_msn.eq(ictx.msn + msg_end)
 
         # --- requester view of a response packet
         syn = rec.aeth_syndrome
@@ -728,6 +741,41 @@ class RcTransport(wiring.Component):
             rc.plen_rem.eq(plen == w.length - rc.off),
         ]
 
+        # --- SEND: registered every clock from s, w and c (valid in DO after CHK1/CHK2)
+        sd = SimpleNamespace()
+        for name, width in (("can", 1), ("rem", 32), ("f", 1), ("rd_n", 24), ("out", 24),
+                            ("va", 64), ("addr", 64), ("off_mtu", 32), ("mark", 1),
+                            ("after", 25), ("after_ge", 1), ("new_npsn", 24), ("hp_diff", 24),
+                            ("lst", 1)):
+            setattr(sd, name, Signal(width, name=f"sd_{name}"))
+        sd_rem_c = Signal(32)
+        m.d.comb += sd_rem_c.eq(w.length - s.cur_off)
+        sd_rd = Signal()
+        m.d.comb += sd_rd.eq(w.opcode == WrOpcode.RDMA_READ)
+        sd_mask = Signal(16)
+        m.d.comb += sd_mask.eq((Const(1, 17) << csr.ackreq_shift)[:16] - 1)
+        sd_consumed = Signal(24)
+        m.d.comb += sd_consumed.eq(Mux(sd_rd, sd.rd_n, 1))
+        m.d.sync += [
+            # stage 1
+            sd.can.eq(~s.err & ~s.rnr_wait & (s.sq_cur != s.sq_head)
+                      & (outstanding < csr.window) & (c.state == QpState.RTS)),
+            sd.rem.eq(sd_rem_c),
+            sd.f.eq(s.cur_off == 0),
+            sd.rd_n.eq(npkts(sd_rem_c, mtu_shift)),
+            sd.out.eq(outstanding),
+            sd.va.eq(w.raddr + s.cur_off),
+            sd.addr.eq(w.laddr + s.cur_off),
+            sd.off_mtu.eq(s.cur_off + mtu),
+            sd.mark.eq((s.npsn[:16] & sd_mask) == sd_mask),
+            # stage 2
+            sd.lst.eq(sd_rd | (sd.rem <= mtu)),
+            sd.after.eq(sd.out + sd_consumed),
+            sd.after_ge.eq((sd.out + sd_consumed) >= csr.window),
+            sd.new_npsn.eq(s.npsn + sd_consumed),
+            sd.hp_diff.eq(s.npsn + sd_consumed - s.hpsn),
+        ]
+
         prefer_rx = Signal()
         with m.FSM(name="ev"):
             with m.State("IDLE"):
@@ -771,6 +819,14 @@ class RcTransport(wiring.Component):
 
             with m.State("EVAL"):
                 m.d.sync += [w.eq(sq_rd.data), wd.eq(sqd_rd.data), rqe.eq(rq_rd.data)]
+                m.next = "CHK1"
+
+            # Two clocks in which s, c, w, rqe and the event's input hold still while the
+            # registered checks (responder flags, sd_*) settle: stage 1 from them, stage 2
+            # from stage 1; DO decides from the registers.
+            with m.State("CHK1"):
+                m.next = "CHK2"
+            with m.State("CHK2"):
                 m.next = "DO"
 
             with m.State("DO"):
@@ -1057,7 +1113,7 @@ class RcTransport(wiring.Component):
             self.wb.valid.eq(1),
             self.wb.payload.index.eq(v.qp),
             self.wb.payload.ctx.eq(ictx),
-            self.wb.payload.ctx.epsn.eq(psn + Mux(v.is_read, v.read_n, 1)),
+            self.wb.payload.ctx.epsn.eq(v.rsp_epsn),     # psn + (READ: read_n, else 1)
             self.wb.payload.ctx.msn.eq(v.new_msn),
             ns.nak_sent.eq(0),
         ]
@@ -1070,7 +1126,7 @@ class RcTransport(wiring.Component):
             m.d.comb += [
                 addr.eq(Mux(v.first | v.only, ann.bus_addr, s.wcur)),
                 mve.write.eq(plen != 0), mve.addr.eq(addr), mve.len.eq(plen),
-                ns.wcur.eq(addr + plen), ns.wrem.eq(v.wrem_in - plen),
+                ns.wcur.eq(v.rsp_wcur), ns.wrem.eq(v.wrem_in - plen),     # addr + plen
             ]
             with m.If(v.first | v.only):
                 m.d.comb += ns.wlen.eq(rec.reth_dma_length)
@@ -1086,7 +1142,7 @@ class RcTransport(wiring.Component):
                 ]
         with m.If(v.is_send):
             m.d.comb += [
-                mve.write.eq(plen != 0), mve.addr.eq(rqe.addr + s.rq_off), mve.len.eq(plen),
+                mve.write.eq(plen != 0), mve.addr.eq(v.rsp_saddr), mve.len.eq(plen),
                 ns.rq_off.eq(Mux(v.msg_end, 0, v.send_total)),
             ]
             with m.If(v.msg_end & v.with_inv):
@@ -1108,7 +1164,7 @@ class RcTransport(wiring.Component):
         with m.Else():
             count = Signal(9)
             m.d.comb += count.eq(s.ack_cnt + 1)
-            with m.If(rec.bth_ackreq | ((csr.ack_coalesce != 0) & (count >= csr.ack_coalesce))):
+            with m.If(rec.bth_ackreq | v.rsp_ack_due):     # count >= ack_coalesce != 0
                 m.d.comb += [pd_push.eq(1), *v.pd_ack(psn, ack_syndrome(), v.new_msn),
                              ns.ack_cnt.eq(0)]
             with m.Else():
@@ -1117,25 +1173,19 @@ class RcTransport(wiring.Component):
     def _send(self, m, ns, env):
         """Requester: send the next packet of the QP (DO state of a SEND event)."""
         v = SimpleNamespace(**env)
-        csr, s, c, w, t = self.csr, v.s, v.c, v.w, v.t
-        window = csr.window
+        csr, s, c, w, t, sd = self.csr, v.s, v.c, v.w, v.t, v.sd
         can = Signal()
-        m.d.comb += can.eq(~s.err & ~s.rnr_wait & (s.sq_cur != s.sq_head)
-                           & (v.outstanding < window) & (c.state == QpState.RTS))
+        # ~err, ~rnr_wait, sq_cur != sq_head, npsn - una < window, RTS (registered)
+        m.d.comb += can.eq(sd.can)
         with m.If(~can):
             m.d.comb += [ns.queued.eq(0), *v.write_state(ns)]
             m.next = "IDLE"
         with m.Else():
-            off = s.cur_off
-            rem = Signal(32)
-            m.d.comb += rem.eq(w.length - off)
-            rd = Signal()
-            m.d.comb += rd.eq(w.opcode == WrOpcode.RDMA_READ)
-            f = Signal()
-            lst = Signal()
-            m.d.comb += [f.eq(off == 0), lst.eq(rd | (rem <= v.mtu))]
-            consumed = Signal(24)
-            m.d.comb += consumed.eq(Mux(rd, v.npkts(rem, v.mtu_shift), 1))
+            # registered: rem = w.length - cur_off; f = cur_off == 0; lst = READ or rem <= mtu
+            rem = sd.rem
+            rd = v.sd_rd
+            f = sd.f
+            lst = sd.lst
             opc = Signal(8)
             imm_op = (w.opcode == WrOpcode.SEND_WITH_IMM) | (w.opcode == WrOpcode.RDMA_WRITE_WITH_IMM)
             with m.Switch(w.opcode):
@@ -1153,23 +1203,21 @@ class RcTransport(wiring.Component):
                                                                  Mux(lst, last_op, O.WRITE_MIDDLE))))
                 with m.Default():
                     m.d.comb += opc.eq(O.READ_REQUEST)
-            after_out = Signal(25)
-            m.d.comb += after_out.eq(v.outstanding + consumed)
-            mask = Signal(16)
-            m.d.comb += mask.eq((Const(1, 17) << csr.ackreq_shift)[:16] - 1)
+            # npsn - una + PSNs this packet takes (READ: the rest of the message, else 1)
+            after_out = sd.after
             desc = Signal(tx_desc_layout(self.index_bits))
             m.d.comb += [
                 desc.qp.eq(v.qp),
                 desc.opcode.eq(opc),
                 desc.psn.eq(s.npsn),
-                desc.ackreq.eq(lst | (after_out >= window) | ((s.npsn[:16] & mask) == mask)),
-                desc.va.eq(w.raddr + off),
+                desc.ackreq.eq(lst | sd.after_ge | sd.mark),
+                desc.va.eq(sd.va),      # w.raddr + cur_off
                 desc.rkey.eq(w.rkey),
                 desc.dma_len.eq(Mux(rd, rem, w.length)),
                 desc.imm.eq(w.imm),
                 desc.plen.eq(Mux(rd, 0, Mux(lst, rem, v.mtu))),
                 desc.src.eq(Mux(w.inline, PayloadSrc.INLINE, PayloadSrc.DMA)),
-                desc.addr.eq(w.laddr + off),
+                desc.addr.eq(sd.addr),  # w.laddr + cur_off
                 desc.inline.eq(v.wd),
                 v.txq.w_en.eq(1),
                 v.txq.w_data.eq(desc),
@@ -1186,18 +1234,17 @@ class RcTransport(wiring.Component):
                              v.sq_wr.data.eq(wq)]
             with m.If(~t.armed):
                 m.d.comb += v.arm_timer(1)
-            new_npsn = Signal(24)
-            m.d.comb += new_npsn.eq(s.npsn + consumed)
-            with m.If((new_npsn - s.hpsn)[:24] != 0):
-                with m.If(~(new_npsn - s.hpsn)[23]):
+            new_npsn = sd.new_npsn      # npsn + the PSNs this packet takes
+            with m.If(sd.hp_diff != 0):     # new_npsn - hpsn
+                with m.If(~sd.hp_diff[23]):
                     m.d.comb += ns.hpsn.eq(new_npsn)
             m.d.comb += [
                 ns.npsn.eq(new_npsn),
-                ns.cur_off.eq(Mux(lst, 0, off + v.mtu)),
+                ns.cur_off.eq(Mux(lst, 0, sd.off_mtu)),
                 ns.sq_cur.eq(Mux(lst, s.sq_cur + 1, s.sq_cur)),
             ]
             more = Signal()
-            m.d.comb += more.eq((ns.sq_cur != s.sq_head) & (after_out < window))
+            m.d.comb += more.eq((ns.sq_cur != s.sq_head) & ~sd.after_ge)   # after_out < window
             m.d.comb += [v.sched_push.eq(more), ns.queued.eq(more), *v.write_state(ns)]
             m.next = "IDLE"
 
