@@ -16,12 +16,13 @@ transport's RAMs need no forwarding at all)::
 
 An event takes 6 clocks (pick, address, load, check, check, decide: CHK1/CHK2 let the decision's
 comparisons, differences and sums, registered from the QP state, the WQE and the event's input,
-settle in two stages) plus 2 per send-queue entry it walks (completing WQEs on an ACK, flushing
-on a fatal error); a response to a request of ours takes 2 more before it is acted on (RX_CHK1/RX_CHK2: its checks, and everything derived from the una it
-leaves, are registered from the QP state, the WQE and the packet). The QP state word the
-deciding clock computes is written to ``qs`` one clock later, in the IDLE clock that always
-follows, so the next event's load reads it. Packets of 4 KiB carry 64 beats at 512 bits, so the
-machine has time to spare at line rate.
+settle in two stages) plus 3 per send-queue entry it walks to complete WQEs on an ACK (load,
+check, decide) and 2 per entry it flushes on a fatal error; a response to a request of ours takes
+2 more before it is acted on (RX_CHK1/RX_CHK2: its checks, and everything derived from the una it
+leaves, are registered from the QP state, the WQE and the packet). The QP state word the deciding
+clock computes is written to ``qs`` one clock later, in the IDLE clock that always follows, so the
+next event's load reads it. Packets of 4 KiB carry 64 beats at 512 bits, so the machine has time
+to spare at line rate.
 
 Semantics (PSNs 24-bit, compared modulo 2**24; ``n`` = packets of a message = max(1, ceil(L/mtu))):
 
@@ -48,7 +49,7 @@ send). A QP with work is pushed (``sched_push``, once while it waits) to the TX 
 back the QP that sends next (``sched_pop``); each visit sends one packet if ``npsn - una <
 window`` (reported on ``sent``) and pushes the QP back if it has more. AckReq on the last packet
 of a message, on the packet that fills the window, and every ``2**ackreq_shift`` PSNs. ACKs
-complete WQEs in order (2 clocks per WQE); an ACK covering a READ whose responses did not all
+complete WQEs in order (3 clocks per WQE); an ACK covering a READ whose responses did not all
 arrive, a PSN-sequence NAK, an ACK timeout, and the end of an RNR wait rewind the QP to ``una``
 (go-back-N; the payload is read again from host memory). retry_cnt counts timeouts and sequence
 NAKs without progress; rnr_retry counts RNR NAKs (7 = infinite). A remote error NAK or an
@@ -228,7 +229,8 @@ class RcTransport(wiring.Component):
         return data.StructLayout({
             "opcode": 4, "signaled": 1, "inline": 1, "wr_id": 64, "laddr": 64, "length": 32,
             "raddr": 64, "rkey": 32, "imm": 32, "first_psn": 24,
-            "sent": 1,      # first_psn is valid (the WQE's first packet has been sent)
+            "last_psn": 24,     # first_psn + max(1, ceil(length / mtu)) - 1 (valid with sent)
+            "sent": 1,      # first_psn and last_psn are valid (its first packet has been sent)
         })
 
     @staticmethod
@@ -271,11 +273,26 @@ class RcTransport(wiring.Component):
         m.submodules.txc_mem = txc_mem = Memory(shape=ctx_l, depth=self.qps, init=[])
         m.submodules.tmr_mem = tmr_mem = Memory(shape=tmr_l, depth=self.qps, init=[])
         qs_rd, qs_wr = qs_mem.read_port(), qs_mem.write_port()
-        sq_rd, sq_wr = sq_mem.read_port(), sq_mem.write_port()
-        sqd_rd, sqd_wr = sqd_mem.read_port(), sqd_mem.write_port()
-        rq_rd, rq_wr = rq_mem.read_port(), rq_mem.write_port()
+        sq_rd, sq_wr_p = sq_mem.read_port(), sq_mem.write_port()
+        sqd_rd, sqd_wr_p = sqd_mem.read_port(), sqd_mem.write_port()
+        rq_rd, rq_wr_p = rq_mem.read_port(), rq_mem.write_port()
         txc_rd, txc_brd, txc_wr = txc_mem.read_port(), txc_mem.read_port(), txc_mem.write_port()
-        tmr_rd, tmr_scan, tmr_wr = tmr_mem.read_port(), tmr_mem.read_port(), tmr_mem.write_port()
+        tmr_rd, tmr_scan, tmr_wr_p = tmr_mem.read_port(), tmr_mem.read_port(), tmr_mem.write_port()
+
+        # The event machine's writes to sq, sqd, rq and tmr are registered, like the qs write:
+        # each memory takes the write one clock after the deciding state, in a clock that never
+        # reads the word back (the next event's LOAD/GOT reads it at the earliest one clock
+        # after that; the timer scanner tolerates a write landing a clock later).
+        def registered_write(port, shape, name):
+            r = SimpleNamespace(en=Signal(name=f"{name}_we"), addr=Signal(len(port.addr),
+                                name=f"{name}_wa"), data=Signal(shape, name=f"{name}_wd"))
+            m.d.sync += [port.en.eq(r.en), port.addr.eq(r.addr), port.data.eq(r.data)]
+            return r
+
+        sq_wr = registered_write(sq_wr_p, wqe_l, "sq")
+        sqd_wr = registered_write(sqd_wr_p, INLINE_MAX * 8, "sqd")
+        rq_wr = registered_write(rq_wr_p, rqe_l, "rq")
+        tmr_wr = registered_write(tmr_wr_p, tmr_l, "tmr")
 
         # The builder's read port into the context copy.
         m.d.comb += [txc_brd.addr.eq(self.txc_addr), txc_brd.en.eq(self.txc_en),
@@ -483,7 +500,10 @@ class RcTransport(wiring.Component):
         # pdq entry assembled by the states below
         pde = Signal(pd_l)
         pd_push = Signal()
-        m.d.comb += [pdq.w_data.eq(pde), pdq.w_en.eq(pd_push)]
+        # registered: the entry enters pdq one clock after the deciding state. Only the machine
+        # writes pdq and no state that pushes directly follows another that does, so the room
+        # (w_rdy) a state checks is still there when its entry lands.
+        m.d.sync += [pdq.w_data.eq(pde), pdq.w_en.eq(pd_push)]
         mve = Signal(mv.shape())
         mv_push = Signal()
         m.d.comb += [mvq.w_data.eq(mve), mvq.w_en.eq(mv_push)]
@@ -518,11 +538,6 @@ class RcTransport(wiring.Component):
                         m.d.comb += n.eq((length + (1 << sh) - 1) >> sh)
             return Mux(n == 0, 1, n)
 
-        # the WQE at hand: its last PSN and how many PSNs it spans
-        w_n = Signal(24)
-        m.d.comb += w_n.eq(npkts(w.length, mtu_shift))
-        w_last = Signal(24)
-        m.d.comb += w_last.eq(w.first_psn + w_n - 1)
         outstanding = Signal(24)
         m.d.comb += outstanding.eq(s.npsn - s.una)
         sq_used = Signal(SQB + 1)
@@ -669,10 +684,26 @@ class RcTransport(wiring.Component):
         syn_known = Signal()        # ACK, RNR NAK or NAK; reserved syndromes are ignored
         m.d.comb += syn_known.eq((op != O.ACKNOWLEDGE) | (syn[5:8] == Syndrome.ACK)
                                  | (syn[5:8] == Syndrome.RNR_NAK) | (syn[5:8] == Syndrome.NAK))
-        resp_valid = Signal()
-        m.d.comb += resp_valid.eq(p_una < sent_span)
-        wl_una = Signal(24)         # w_last - una
-        m.d.comb += wl_una.eq(w_last - s.una)
+        resp_valid = Signal()       # registered (s and the packet hold still from GOT to DO)
+        m.d.sync += resp_valid.eq(p_una < sent_span)
+        # The walk's checks, registered every clock: stage A from s and the packet, stage B from
+        # w and stage A. The walk loads each next WQE (WALK_LD) and gives them a clock (WALK_CHK)
+        # before WALK decides; on the first WALK (from DO) they have had CHK1..DO.
+        wk = SimpleNamespace()
+        for name, width in (("span", 24), ("sent_span", 24), ("ack_none", 1), ("te", 1),
+                            ("le", 1), ("lt_sent", 1), ("last1", 24)):
+            setattr(wk, name, Signal(width, name=f"wk_{name}"))
+        m.d.sync += [
+            # stage A
+            wk.span.eq(walk_span),                       # walk_to - una
+            wk.sent_span.eq(sent_span),                  # hpsn - una
+            wk.ack_none.eq(ack_none),
+            wk.te.eq(s.sq_tail == s.sq_head),
+            # stage B
+            wk.le.eq((w.last_psn - s.una)[:24] <= wk.span),     # w_last - una <= walk_span
+            wk.lt_sent.eq(wk.span < wk.sent_span),
+            wk.last1.eq(w.last_psn + 1),
+        ]
 
         fatal_status = Signal(5)
         flushing = Signal()         # a fatal error is being flushed
@@ -746,7 +777,7 @@ class RcTransport(wiring.Component):
         for name, width in (("can", 1), ("rem", 32), ("f", 1), ("rd_n", 24), ("out", 24),
                             ("va", 64), ("addr", 64), ("off_mtu", 32), ("mark", 1),
                             ("after", 25), ("after_ge", 1), ("new_npsn", 24), ("hp_diff", 24),
-                            ("lst", 1)):
+                            ("lst", 1), ("last", 24)):
             setattr(sd, name, Signal(width, name=f"sd_{name}"))
         sd_rem_c = Signal(32)
         m.d.comb += sd_rem_c.eq(w.length - s.cur_off)
@@ -774,6 +805,7 @@ class RcTransport(wiring.Component):
             sd.after_ge.eq((sd.out + sd_consumed) >= csr.window),
             sd.new_npsn.eq(s.npsn + sd_consumed),
             sd.hp_diff.eq(s.npsn + sd_consumed - s.hpsn),
+            sd.last.eq(s.npsn + sd.rd_n - 1),    # the WQE's last PSN (first packet: rem = length)
         ]
 
         prefer_rx = Signal()
@@ -944,10 +976,13 @@ class RcTransport(wiring.Component):
             with m.State("WALK"):
                 # w = the WQE at sq_tail; complete it if the response covers it.
                 unsent = Signal()
-                m.d.comb += unsent.eq(~sent_any | (s.sq_tail == s.sq_head))
+                m.d.comb += unsent.eq(~sent_any | wk.te)      # sq_tail == sq_head
                 covered = Signal()
                 # walk_span's top bit set: una has passed walk_to, nothing more is covered
-                m.d.comb += covered.eq(~ack_none & ~unsent & ~walk_span[23] & (wl_una <= walk_span))
+                m.d.comb += covered.eq(~wk.ack_none & ~unsent & ~wk.span[23] & wk.le)
+                # the next WQE is read whether or not this one is covered (WALK_LD loads it
+                # only if it is)
+                m.d.comb += sq_slot.eq(s.sq_tail + 1)
                 is_rd = Signal()
                 m.d.comb += is_rd.eq(w.opcode == WrOpcode.RDMA_READ)
                 with m.If(covered & is_rd):
@@ -960,16 +995,16 @@ class RcTransport(wiring.Component):
                     with m.If(pdq.w_rdy):
                         m.d.comb += [pd_push.eq(w.signaled), pde.wtag.eq(wtag_now),
                                      pde.has_cqe.eq(1), *cqe_for_wqe(pde.cqe, w, WcStatus.SUCCESS),
-                                     sq_slot.eq(s.sq_tail + 1), self.sq_retire.valid.eq(1)]
-                        m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), s.una.eq(w_last + 1)]
+                                     self.sq_retire.valid.eq(1)]
+                        m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), s.una.eq(wk.last1)]
                         with m.If(s.sq_cur == s.sq_tail):
                             # acknowledged beyond a rewound send pointer: skip what needs no resend
                             m.d.sync += [s.sq_cur.eq(s.sq_tail + 1), s.cur_off.eq(0)]
                         m.next = "WALK_LD"
                 with m.Else():
                     # The response ends inside this WQE (or nothing is left to complete).
-                    with m.If(~ack_none & ~unsent & ~is_rd & (op == O.ACKNOWLEDGE)
-                              & (walk_span < sent_span)):
+                    with m.If(~wk.ack_none & ~unsent & ~is_rd & (op == O.ACKNOWLEDGE)
+                              & wk.lt_sent):       # walk_span < sent_span
                         m.d.sync += s.una.eq(walk_to + 1)
                     with m.If(op == O.ACKNOWLEDGE):
                         with m.Switch(syn[5:8]):
@@ -997,7 +1032,9 @@ class RcTransport(wiring.Component):
 
             with m.State("WALK_LD"):
                 m.d.sync += w.eq(sq_rd.data)     # addressed in WALK (sq_tail + 1)
-                m.next = "WALK"
+                m.next = "WALK_CHK"
+            with m.State("WALK_CHK"):
+                m.next = "WALK"      # the wk_* checks of the new WQE settle
 
             # ---------------------------------------------------- act on a response
             # Two clocks in which s, w and the packet hold still while the rc_* registers
@@ -1173,7 +1210,7 @@ class RcTransport(wiring.Component):
     def _send(self, m, ns, env):
         """Requester: send the next packet of the QP (DO state of a SEND event)."""
         v = SimpleNamespace(**env)
-        csr, s, c, w, t, sd = self.csr, v.s, v.c, v.w, v.t, v.sd
+        csr, s, w, t, sd = self.csr, v.s, v.w, v.t, v.sd
         can = Signal()
         # ~err, ~rnr_wait, sq_cur != sq_head, npsn - una < window, RTS (registered)
         m.d.comb += can.eq(sd.can)
@@ -1229,7 +1266,8 @@ class RcTransport(wiring.Component):
             ]
             with m.If(f):
                 wq = Signal(v.wqe_l)
-                m.d.comb += [wq.eq(w), wq.first_psn.eq(s.npsn), wq.sent.eq(1),
+                m.d.comb += [wq.eq(w), wq.first_psn.eq(s.npsn), wq.last_psn.eq(sd.last),
+                             wq.sent.eq(1),
                              v.sq_wr.en.eq(1), v.sq_wr.addr.eq(Cat(s.sq_cur[:v.SQB], v.qp)),
                              v.sq_wr.data.eq(wq)]
             with m.If(~t.armed):
