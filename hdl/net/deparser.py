@@ -42,7 +42,7 @@ from amaranth.lib.wiring import In, Out
 
 from . import headers as H
 from .crc import crc_step, materialize
-from .icrc import icrc_lane_ctrl, icrc_mask
+from .icrc import icrc_delayed_word, icrc_lane_ctrl
 from .layout import MAX_FRAME_BITS, beat_layout, pack_header, record_layout
 from .parser import (
     HEADER_WINDOW,
@@ -370,12 +370,8 @@ class Deparser(wiring.Component):
         with m.If(sa_pop):
             # the next frame's beat 0 (sa_pop with s1_valid implies s1_pop: j becomes 0)
             m.d.sync += [need.eq(lay_c.raw | (lay_c.first == 0)), is_last.eq(lay_c.jl == 0)]
-        masked = materialize(m, icrc_mask(s2.beat.data, s2.zero, s2.ff, s2.nib, B), "tx_icrc_masked")
-        if lg:
-            older = Mux(s2.first, 0, prev_masked)
-            word = Cat(older, masked).bit_select((B - s2.k[:lg]).as_unsigned() * 8, B * 8)
-        else:
-            word = masked
+        masked, word = icrc_delayed_word(m, s2.beat.data, s2.zero, s2.ff, s2.nib, s2.first, s2.k,
+                                         prev_masked, B, "tx_icrc")
         with m.If(adv & s2_valid):
             m.d.sync += [s3.eq(s2), s3_word.eq(word), prev_masked.eq(masked)]
         with m.If(adv & s3_valid):

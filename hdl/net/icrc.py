@@ -17,7 +17,8 @@ from amaranth.hdl import Cat, Mux, Signal, signed, unsigned
 from .crc import crc_step, materialize
 from .layout import lane
 
-__all__ = ["IcrcLanes", "icrc_capture", "icrc_lane_ctrl", "icrc_mask", "icrc_overlay"]
+__all__ = ["IcrcLanes", "icrc_capture", "icrc_delayed_word", "icrc_lane_ctrl", "icrc_mask",
+           "icrc_overlay"]
 
 
 def icrc_lane_ctrl(m, base, ip_off, udp_off, ipv6, end, nbytes, name="icrc"):
@@ -55,6 +56,23 @@ def icrc_mask(data, zero, ff, nib, nbytes):
         force = Cat(nib[b], nib[b], nib[b], nib[b], ff[b], ff[b], ff[b], ff[b]) | ff[b].replicate(8)
         out.append(Mux(zero[b], 0, lane(data, b) | force))
     return Cat(*out)
+
+
+def icrc_delayed_word(m, data, zero, ff, nib, first, k, prev, nbytes, name):
+    """The ICRC's input word for a beat of the stream delayed by ``k = (-end) mod nbytes``
+    bytes, so that the ICRC ends a word. ``data`` and its lane controls (``zero``, ``ff``,
+    ``nib``) come from registers; ``first`` marks a frame's first beat (nothing older to
+    shift in); ``prev`` is the register the caller loads with the returned ``masked`` on
+    every accepted beat. Returns ``(masked, word)``: this beat masked, and the delayed word,
+    the top ``k`` bytes of the previous masked beat followed by the low ``nbytes - k`` of this
+    one (leading zero bytes are no-ops for the init-0 CRC)."""
+    masked = materialize(m, icrc_mask(data, zero, ff, nib, nbytes), f"{name}_masked")
+    lg = (nbytes - 1).bit_length()
+    if not lg:
+        return masked, masked
+    older = Mux(first, 0, prev)
+    word = Cat(older, masked).bit_select((nbytes - k[:lg]).as_unsigned() * 8, nbytes * 8)
+    return masked, word
 
 
 class IcrcLanes:

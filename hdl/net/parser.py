@@ -66,7 +66,7 @@ from amaranth.lib.wiring import In, Out
 
 from . import headers as H
 from .crc import crc_step, materialize
-from .icrc import icrc_capture, icrc_lane_ctrl, icrc_mask
+from .icrc import icrc_capture, icrc_delayed_word, icrc_lane_ctrl
 from .layout import MAX_FRAME_BITS, DropReason, beat_layout, record_layout, unpack_header
 
 __all__ = ["Parser", "HEADER_WINDOW", "count_rx", "ipv4_words_sum", "ones_complement_fold"]
@@ -455,12 +455,8 @@ class Parser(wiring.Component):
                 c2.data.eq(cur.data), c2.zero.eq(zero), c2.ff.eq(ff), c2.nib.eq(nib),
                 c2.first.eq(b_idx == 0), c2.update.eq(base < d.end), c2.k.eq(d.k),
             ]
-        masked = materialize(m, icrc_mask(c2.data, c2.zero, c2.ff, c2.nib, B), "rx_icrc_masked")
-        if lg:
-            older = Mux(c2.first, 0, prev_masked)
-            word = Cat(older, masked).bit_select((B - c2.k[:lg]).as_unsigned() * 8, B * 8)
-        else:
-            word = masked
+        masked, word = icrc_delayed_word(m, c2.data, c2.zero, c2.ff, c2.nib, c2.first, c2.k,
+                                         prev_masked, B, "rx_icrc")
         with m.If(adv & c2_valid):
             m.d.sync += [c3.eq(c2), c3_word.eq(word), prev_masked.eq(masked)]
         with m.If(adv & c3_valid & c3.update):
