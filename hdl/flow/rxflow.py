@@ -38,6 +38,9 @@ Design notes
   (``mr.rx_drop_access``), out of bounds (``mr.rx_drop_bounds``). A dropped packet reads no
   context, is never seen by the transport and cannot cause a DMA.
 * Non-RoCE frames skip the lookups and leave unchanged (``ann.roce`` = 0).
+* Both outputs leave from registers (timing in the core): the payload through the receive
+  buffer's output register, the record through a register behind ``recq``; ``ann`` and ``ctx``
+  come from the QP context store's queue registers.
 
 Ports
 -----
@@ -211,7 +214,9 @@ class RxFlowPipeline(wiring.Component):
         key_l = _key_layout()
 
         m.submodules.parser = parser = Parser(W)
-        m.submodules.rxbuf = rxbuf = PacketFifo(beat_layout(W), self.rx_buffer_bytes // (W // 8))
+        # out_reg: the payload leaves from a register, not from the block RAM's slow output
+        m.submodules.rxbuf = rxbuf = PacketFifo(beat_layout(W), self.rx_buffer_bytes // (W // 8),
+                                                out_reg=True)
         m.submodules.recq = recq = SyncFIFOBuffered(width=record_layout().size, depth=self.records)
         m.submodules.keyq = keyq = SyncFIFOBuffered(width=key_l.size, depth=self.records)
         m.submodules.vlan = vlan = VlanTenantMap()
@@ -414,8 +419,20 @@ class RxFlowPipeline(wiring.Component):
         m.submodules.decq = decq = SyncFIFOBuffered(width=1, depth=16)
         r_ann = Signal(ann_l)
         m.d.comb += r_ann.eq(store.resp.payload.user)
+        # recq's head goes through a register before it leaves with o_meta, so that the
+        # consumer's logic starts at flip-flops, not at the block RAM's slow output (in the core,
+        # the transport's decode of the record behind a block RAM's clock-to-out was the deepest
+        # path between blocks). ann and ctx already come from the store's queue registers; ctx
+        # must stay there, where it snoops the consumer's write-backs (the store's contract).
+        rec = Signal(record_layout())
+        rec_valid = Signal()
+        rec_take = Signal()
+        rec_load = Signal()
+        m.d.comb += [rec_load.eq(~rec_valid | rec_take), recq.r_en.eq(rec_load)]
+        with m.If(rec_load):
+            m.d.sync += [rec_valid.eq(recq.r_rdy), rec.eq(recq.r_data)]
         head = Signal()
-        m.d.comb += head.eq(store.resp.valid & recq.r_rdy & decq.w_rdy)
+        m.d.comb += head.eq(store.resp.valid & rec_valid & decq.w_rdy)
         take = Signal()
         with m.If(r_ann.drop):
             m.d.comb += take.eq(head & self.dropped.ready)
@@ -423,15 +440,15 @@ class RxFlowPipeline(wiring.Component):
             m.d.comb += take.eq(head & self.o_meta.ready)
         m.d.comb += [
             self.o_meta.valid.eq(head & ~r_ann.drop),
-            self.o_meta.payload.rec.eq(recq.r_data),
+            self.o_meta.payload.rec.eq(rec),
             self.o_meta.payload.ann.eq(r_ann),
             self.o_meta.payload.ctx.eq(store.resp.payload.ctx),
             store.resp.ready.eq(take),
-            recq.r_en.eq(take),
+            rec_take.eq(take),
             decq.w_en.eq(take),
             decq.w_data.eq(~r_ann.drop),
             self.dropped.valid.eq(head & r_ann.drop),
-            self.dropped.payload.rec.eq(recq.r_data),
+            self.dropped.payload.rec.eq(rec),
             self.dropped.payload.ann.eq(r_ann),
         ]
         passing = Signal()
