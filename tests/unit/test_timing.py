@@ -5,6 +5,8 @@ against the submodules of ``NicCore.elaborate`` at the ECPIX-5 configuration), a
 elaborates inside the PortRegisters harness to RTLIL.
 """
 
+import json
+
 import pytest
 from amaranth.back import rtlil
 from amaranth.hdl import Shape
@@ -95,3 +97,51 @@ def test_cli_builds_target_with_options(monkeypatch, tmp_path):
     assert timing.main(["rp", "--qps", "8", "--freq", "100"]) == 0
     assert seen["name"] == "rp_top" and seen["freq"] == 100.0 and seen["router"] is None
     assert seen["workdir"].name == "rp_top"
+
+
+def _cell(kind, inputs=(), outputs=(), params=None):
+    conns = {p: [b] for p, b in (*inputs, *outputs)}
+    dirs = {p: "input" for p, _ in inputs} | {p: "output" for p, _ in outputs}
+    return {"type": kind, "connections": conns, "port_directions": dirs,
+            "parameters": params or {}}
+
+
+def test_logic_depth_ranks_paths_by_block_pair():
+    """A hand-made netlist with known depths (weights from DEPTH_WEIGHTS and friends):
+    flip-flop -> 2 LUTs -> flip-flop in another block; block RAM output -> LUT -> flip-flop;
+    a carry chain entered at its first cell, leaving at the second's carry out; a combinational
+    loop, which must end the search rather than hang it."""
+    w, hop, ram = (timing.DEPTH_WEIGHTS["LUT4"], timing.DEPTH_CARRY_HOP,
+                   timing.DEPTH_SOURCES["DP16KD"])
+    cells = {
+        "flat.inner.a.x_ff": _cell("TRELLIS_FF", [("DI", 20)], [("Q", 2)]),
+        "l1": _cell("LUT4", [("A", 2), ("B", "0")], [("Z", 3)]),
+        "l2": _cell("LUT4", [("A", 3)], [("Z", 4)]),
+        "flat.inner.b.y_ff": _cell("TRELLIS_FF", [("DI", 4)], [("Q", 21)]),
+        "flat.inner.r.mem": _cell("DP16KD", [("ADA0", 21)], [("DOA0", 5)]),
+        "l3": _cell("LUT4", [("A", 5)], [("Z", 6)]),
+        "flat.inner.c.z_ff": _cell("TRELLIS_FF", [("DI", 6)], [("Q", 22)]),
+        "c1": _cell("CCU2C", [("A0", 2), ("CIN", "0")], [("COUT", 7), ("S0", 8)]),
+        "c2": _cell("CCU2C", [("CIN", 7)], [("COUT", 9), ("S0", 10)]),
+        "flat.inner.d.v_ff": _cell("TRELLIS_FF", [("DI", 9)], [("Q", 23)]),
+        "loop1": _cell("LUT4", [("A", 12), ("B", 22)], [("Z", 13)]),
+        "loop2": _cell("LUT4", [("A", 13)], [("Z", 12)]),
+        "flat.inner.e.u_ff": _cell("TRELLIS_FF", [("DI", 13)], [("Q", 24)]),
+    }
+    netnames = {"flat.inner.a.x": {"bits": [2]}, "flat.inner.a.x_lut": {"bits": [3]},
+                "flat.inner.r.rdata": {"bits": [5]}, "flat.inner.c.z": {"bits": [22]},
+                "flat.inner.b.y": {"bits": [21]}, "$auto$1": {"bits": [20]}}
+    netlist = {"modules": {"top": {"attributes": {"top": "1"}, "cells": cells,
+                                   "netnames": netnames}}}
+    rows = timing.logic_depth(json.dumps(netlist), n=10)
+    got = {(r["start"], r["end"]): r for r in rows}
+    assert [r["depth"] for r in rows] == sorted((r["depth"] for r in rows), reverse=True)
+    assert got[("flat.inner.r.rdata", "flat.inner.c.z_ff.DI")]["depth"] == ram + w
+    assert got[("flat.inner.r.rdata", "flat.inner.c.z_ff.DI")]["blocks"] == ["r", "c"]
+    assert got[("flat.inner.a.x", "flat.inner.b.y_ff.DI")]["depth"] == 2 * w
+    assert got[("flat.inner.a.x", "flat.inner.b.y_ff.DI")]["blocks"] == ["a", "b"]
+    assert got[("flat.inner.a.x", "flat.inner.d.v_ff.DI")]["depth"] == pytest.approx(w + hop)
+    loop = [r for r in rows if r["end"] == "flat.inner.e.u_ff.DI"]
+    assert len(loop) == 1 and loop[0]["depth"] >= 2 * w     # c.z -> loop1 (-> loop2 -> loop1)
+    # one row per (start block, end block): the ram -> c.z path is also the worst into c
+    assert len({(timing._block_of(r["start"]), r["end"].split(".")[2]) for r in rows}) == len(rows)
