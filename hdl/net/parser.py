@@ -8,9 +8,12 @@ window register while every beat also goes into a small data FIFO. One cycle aft
 is complete (beat ``ceil(128/B) - 1`` of the frame, or its last beat if shorter), the decoder
 extracts every field from the window, classifies the frame and checks its header, and pushes a
 small *decision* (offsets and lengths) and the wide header *record*. The decoder is a pipeline
-of ``DECODE_STAGES`` (3) registers (the window copied with its EtherType decode; the Ethernet
-and IP header bytes, the IP offsets, lengths, L4 window and three partial checksum sums; the
-opcode, lengths and checks), one decision per clock.
+of ``DECODE_STAGES`` (4) registers (the window copied with its EtherType decode, the IP header
+window and the L4 window's position; the Ethernet and IP header bytes, the IP offsets, lengths,
+L4 window and six partial checksum sums; the opcode's decode, the record, the framing checks
+and the checksum's sum; the lengths and the decision), one decision per clock. The record
+leaves for its FIFO after the third (``RECORD_STAGES``): its ``payload_len`` comes with the
+frame's last output beat, from the decision.
 
 Stage B reads the frame back from the data FIFO with one beat of look-ahead, feeds the masked
 beats to the ICRC, and re-aligns the payload to byte 0 of its own beats (a byte shifter over the
@@ -34,8 +37,8 @@ Ports:
 
 Parameters: ``data_width`` (64 or 512 bits; any multiple of 64 up to 1024 works).
 
-Latency (no stalls): fixed, ``ceil(128/B) + 5 + DECODE_STAGES`` cycles (B = data_width/8: 24
-cycles at 64 bits, 10 at 512 bits; the ``latency`` attribute) from the input beat that holds the first byte
+Latency (no stalls): fixed, ``ceil(128/B) + 5 + DECODE_STAGES`` cycles (B = data_width/8: 25
+cycles at 64 bits, 11 at 512 bits; the ``latency`` attribute) from the input beat that holds the first byte
 of an output beat to that output beat -- except the last output beat of a RoCEv2 frame, which
 carries the verdict and so waits for the frame's last input beat (the ICRC): it leaves
 ``latency`` cycles after that one. So the first payload beat of a frame with an L-byte header
@@ -76,7 +79,10 @@ assert H.MAX_HEADER_BYTES <= HEADER_WINDOW
 # Candidate UDP header offsets: IPv4 at 14 or 18 with IHL 5..15, IPv6 at 14 or 18 (+40).
 UDP_OFFSETS = sorted({ip + 4 * ihl for ip in (14, 18) for ihl in range(5, 16)} | {54, 58})
 L4_WINDOW = H.UDP.size + H.BTH.size + 28   # UDP + BTH + the longest extension chain
-DECODE_STAGES = 3   # registers between the header window and the decision FIFOs
+DECODE_STAGES = 4   # registers between the header window and the decision FIFO
+RECORD_STAGES = 3   # registers between the header window and the record FIFO
+CSUM_PARTS = 6      # the IPv4 header's word sum, registered in D2 as this many partial sums
+L4_END = max(UDP_OFFSETS) + L4_WINDOW   # window bytes past the last L4 window position: unused
 POS_BITS = 17   # absolute byte offsets: IPv4 total length (16 bits) + Ethernet/VLAN header
 
 
@@ -167,6 +173,7 @@ class Decision(data.Struct):
     tver_bad: 1                  # BTH TVer != 0
     plen_ovf: 1                  # payload length does not fit MAX_FRAME_BITS
     k: 6                         # (-end) mod B: the ICRC word alignment (stage B)
+    pe: MAX_FRAME_BITS + 1       # plen + (hlen rounded down to a beat): payload end, realigned
 
 
 class Parser(wiring.Component):
@@ -206,18 +213,23 @@ class Parser(wiring.Component):
 
         m.d.comb += [
             self.i.ready.eq(data_fifo.w_rdy
-                            & (rec_fifo.w_level < rec_depth - 2 - DECODE_STAGES)),
+                            & (rec_fifo.w_level < rec_depth - 2 - RECORD_STAGES)),
             data_fifo.w_en.eq(self.i.valid & self.i.ready),
             data_fifo.w_data.eq(Cat(in_data, self.i.payload.keep, self.i.payload.last)),
         ]
         m.d.sync += decode.eq(0)
-        with m.If(self.i.valid & self.i.ready):
+        # The window takes the offered beat whether or not it is accepted (not gated by
+        # ``ready``, which is off the window's clock enables): until it is accepted, ``a_idx``
+        # stays and the same beat is offered again, and a not-yet-accepted first beat of the next
+        # frame overwrites only a window that D1 has already copied.
+        with m.If(self.i.valid):
             with m.Switch(a_idx):
                 with m.Case(0):
                     m.d.sync += window.eq(in_data)    # zeroes the rest: short frames read 0
                 for n in range(1, NW):
                     with m.Case(n):
                         m.d.sync += window[n * B * 8:(n + 1) * B * 8].eq(in_data)
+        with m.If(self.i.valid & self.i.ready):
             with m.If(self.i.payload.last):
                 m.d.sync += a_idx.eq(0)
             with m.Elif(a_idx < NW):
@@ -225,23 +237,23 @@ class Parser(wiring.Component):
             m.d.sync += decode.eq((a_idx < NW) & ((a_idx == NW - 1) | self.i.payload.last))
 
         # ---------------------------------------------------------------- decoder
-        # Four clocks from ``decode`` to the FIFO write (DECODE_STAGES), so that no clock holds
-        # more than one step of the header arithmetic (in one clock, window -> EtherType -> IP
-        # offset -> options -> checksum / UDP offset -> opcode -> lengths -> checks was 45 logic
-        # levels, 19.8 ns on an ECP5 at speed 8):
-        #   D1  the window is copied (the next frame overwrites it from the next clock) with the
-        #       EtherType decode;
-        #   D2  IP offset, IPv4/IPv6 fields, the UDP offset and the L4 window, the IPv4 header's
-        #       word sum as three partial sums, the IP lengths; only the Ethernet/VLAN bytes and
-        #       the IP header window of the window copy go on;
-        #   D3  opcode, extension headers, lengths and the checks up to the IPv4 checksum: the
-        #       decision and the record, registered and written to the FIFOs the next clock
-        #       (the late checks -- TVer, opcode, opcode lengths -- are made in stage B from the
-        #       decision's operands).
-        def ip_window(win, vlan_p):
-            ipwin = Signal(60 * 8)
-            m.d.comb += ipwin.eq(Mux(vlan_p, win[18 * 8:78 * 8], win[14 * 8:74 * 8]))
-            return ipwin
+        # Five clocks from ``decode`` to the decision FIFO write (DECODE_STAGES), four to the
+        # record FIFO's (RECORD_STAGES), so that no clock holds more than one step of the header
+        # arithmetic (in one clock, window -> EtherType -> IP offset -> options -> checksum / UDP
+        # offset -> opcode -> lengths -> checks was 45 logic levels, 19.8 ns on an ECP5 at
+        # speed 8):
+        #   D1  the window is copied (the next frame overwrites it from the next clock; only the
+        #       bytes up to the last L4 window position) with the EtherType decode, the IP header
+        #       window (after the VLAN tag, if any) and the L4 window's position (l4_pos);
+        #   D2  IP offset, IPv4/IPv6 fields, the UDP offset and the L4 window (a mux on l4_pos),
+        #       the IPv4 header's word sum as six partial sums, the IP lengths; only the
+        #       Ethernet/VLAN bytes and the IP header window of the window copy go on;
+        #   D3  the opcode's decode (extension-header length, known, payload), the record
+        #       (written to its FIFO the next clock), the RoCE framing checks, the IPv4 word sum,
+        #       the lengths without the extension headers;
+        #   D4  header and payload lengths, the IPv4 checksum's fold and the decision (written to
+        #       its FIFO the next clock; the late checks -- TVer, opcode, opcode lengths -- are
+        #       made in stage B from the decision's operands).
 
         # D1
         eth_c = unpack_header(H.ETH, window[:H.ETH.size * 8])
@@ -249,27 +261,38 @@ class Parser(wiring.Component):
         vlan_p_c = eth_c["ethertype"] == H.ETHERTYPE_VLAN
         ethertype_c = Mux(vlan_p_c, vlan_c["ethertype"], eth_c["ethertype"])
         d1_valid = Signal()
-        d1_win = Signal.like(window)
+        d1_win = Signal(L4_END * 8)   # Ethernet/VLAN bytes and every L4 window position
+        d1_ipwin = Signal(60 * 8)     # the IP header window (after the VLAN tag, if any)
         vlan_p, is4, is6 = Signal(name="vlan_p"), Signal(name="is4"), Signal(name="is6")
+        # l4_pos: the UDP header's offset is 14 + 4 * l4_pos (l4_pos = VLAN + 10 for IPv6, VLAN +
+        # IHL else), each alignment decoded straight from the window bytes
+        l4_pos = Signal(5)
+        ihl14 = unpack_header(H.IPV4, window[14 * 8:34 * 8])["ihl"]
+        ihl18 = unpack_header(H.IPV4, window[18 * 8:38 * 8])["ihl"]
+        l4_pos_c = Mux(vlan_p_c,
+                       Mux(vlan_c["ethertype"] == H.ETHERTYPE_IPV6, 11, ihl18 + 1),
+                       Mux(eth_c["ethertype"] == H.ETHERTYPE_IPV6, 10, ihl14))
         m.d.sync += d1_valid.eq(decode)
         with m.If(decode):
-            m.d.sync += [d1_win.eq(window), vlan_p.eq(vlan_p_c),
+            m.d.sync += [d1_win.eq(window[:L4_END * 8]), vlan_p.eq(vlan_p_c), l4_pos.eq(l4_pos_c),
+                         d1_ipwin.eq(Mux(vlan_p_c, window[18 * 8:78 * 8], window[14 * 8:74 * 8])),
                          is4.eq(ethertype_c == H.ETHERTYPE_IPV4),
                          is6.eq(ethertype_c == H.ETHERTYPE_IPV6)]
 
         # D2
         ip_off_c = Mux(vlan_p, 18, 14)
-        ipwin_c = ip_window(d1_win, vlan_p)
-        ip4_c = unpack_header(H.IPV4, ipwin_c[:160])
-        ip6_c = unpack_header(H.IPV6, ipwin_c[:320])
+        ip4_c = unpack_header(H.IPV4, d1_ipwin[:160])
+        ip6_c = unpack_header(H.IPV6, d1_ipwin[:320])
         ihl_c = ip4_c["ihl"]
-        udp_off_c = Signal(7)
-        m.d.comb += udp_off_c.eq(Mux(is6, ip_off_c + 40, ip_off_c + ihl_c * 4))
+        udp_off_c = Signal(7)     # ip_off + 40 for IPv6, ip_off + 4 * IHL else
+        m.d.comb += udp_off_c.eq(14 + l4_pos * 4)
         l4_c = Signal(L4_WINDOW * 8)
-        with m.Switch(udp_off_c):
-            for off in UDP_OFFSETS:
-                with m.Case(off):
-                    m.d.comb += l4_c.eq(d1_win[off * 8:(off + L4_WINDOW) * 8])
+        with m.Switch(l4_pos):
+            for n in range(32):
+                if 14 + 4 * n in UDP_OFFSETS:
+                    with m.Case(n):
+                        off = 14 + 4 * n
+                        m.d.comb += l4_c.eq(d1_win[off * 8:(off + L4_WINDOW) * 8])
         ip_len_c = Signal(POS_BITS)
         m.d.comb += ip_len_c.eq(Mux(is6, 40 + ip6_c["payload_length"], ip4_c["total_length"]))
         d2_valid = Signal()
@@ -281,18 +304,18 @@ class Parser(wiring.Component):
         ip_len = Signal(POS_BITS)
         ip_end = Signal(POS_BITS)
         v4_bad, v6_bad = Signal(name="v4_bad"), Signal(name="v6_bad")
-        csum_parts = [Signal(21, name=f"csum_part{i}") for i in range(3)]
+        csum_parts = [Signal(21, name=f"csum_part{i}") for i in range(CSUM_PARTS)]
         m.d.sync += d2_valid.eq(d1_valid)
         with m.If(d1_valid):
             m.d.sync += [
-                d2_eth.eq(d1_win[:18 * 8]), d2_ipwin.eq(ipwin_c),
+                d2_eth.eq(d1_win[:18 * 8]), d2_ipwin.eq(d1_ipwin),
                 d2_vlan_p.eq(vlan_p), d2_is4.eq(is4), d2_is6.eq(is6),
                 l4.eq(l4_c), udp_off.eq(udp_off_c), ip_len.eq(ip_len_c),
                 ip_end.eq(ip_off_c + ip_len_c),
                 v4_bad.eq(is4 & ((ip4_c["version"] != 4) | (ihl_c < 5)
                                  | (ip4_c["total_length"] < ihl_c * 4))),
                 v6_bad.eq(is6 & (ip6_c["version"] != 6)),
-                *(p.eq(v) for p, v in zip(csum_parts, ipv4_words_sums(ipwin_c, ihl_c, 3),
+                *(p.eq(v) for p, v in zip(csum_parts, ipv4_words_sums(d1_ipwin, ihl_c, CSUM_PARTS),
                                           strict=True)),
             ]
 
@@ -310,54 +333,22 @@ class Parser(wiring.Component):
         udp = unpack_header(H.UDP, l4[:64])
         bth = unpack_header(H.BTH, l4[64:160])
         ext = ext_extract(m, bth["opcode"], l4[160:])
-        ext_len, op_known, op_payload = ext_length(m, bth["opcode"])
+        ext_len_c, op_known_c, op_payload_c = ext_length(m, bth["opcode"])
 
         frag = (ip4["frag_offset"] != 0) | ip4["flags"][0]   # flags: reserved, DF, MF (bit 0)
         udp_is = Mux(is6, ~v6_bad & (ip6["next_header"] == H.IPPROTO_UDP),
                      is4 & ~v4_bad & (ip4["protocol"] == H.IPPROTO_UDP) & (ip4["frag_offset"] == 0))
-        roce = materialize(m, (is4 | is6) & udp_is & (udp["dport"] == H.ROCEV2_UDP_PORT), "roce")
-
-        # adders balanced by hand (Amaranth folds no constants): hlen two deep, plen three
-        hlen = Signal(8)
-        m.d.comb += hlen.eq(udp_off + (ext_len + (H.UDP.size + H.BTH.size)))
-        end = Signal(POS_BITS)
-        m.d.comb += end.eq(ip_end - 4)
-        pad = bth["pad_count"]
-        plen_wide = Signal(POS_BITS + 1)
-        m.d.comb += plen_wide.eq((ip_end - (pad + 4)) - hlen)
+        roce_c = materialize(m, (is4 | is6) & udp_is & (udp["dport"] == H.ROCEV2_UDP_PORT), "roce")
+        pad_c = bth["pad_count"]
         # Checks in the order that names a frame's verdict (sim/packets.py documents the same
         # order for the golden model): framing first, since without it nothing can be located;
         # then the IPv4 checksum; then the ICRC (stage B), which outranks every BTH-level fault
         # because once it fails no transport header bit can be trusted; then TVer, the opcode
-        # and the opcode-dependent lengths.
-        framing_bad = v4_bad | v6_bad | (roce & (
-            (is4 & frag)
-            | (udp["length"] != ip_len - (udp_off - ip_off))
-            | (ip_end < udp_off + H.UDP.size + H.BTH.size + 4)))    # no room for BTH + ICRC
-        csum_sum = materialize(m, tree_sum(csum_parts), "csum_sum")
-        csum_bad = roce & is4 & (ones_complement_fold(csum_sum) != 0xFFFF)     # RFC 1071
-        # The late checks (TVer, opcode, opcode lengths) are made in stage B from the decision.
-
-        dec_c = Signal(Decision)
-        m.d.comb += [
-            dec_c.raw.eq(~roce),
-            dec_c.framing_bad.eq(framing_bad),
-            dec_c.csum_bad.eq(csum_bad),
-            dec_c.pad.eq(pad),
-            dec_c.op_known.eq(op_known),
-            dec_c.op_payload.eq(op_payload),
-            dec_c.tver_bad.eq(bth["tver"] != 0),
-            dec_c.plen_ovf.eq(plen_wide >= (1 << MAX_FRAME_BITS)),
-            dec_c.k.eq((-end)[:lg] if lg else 0),
-            dec_c.ip.eq((is4 & ~v4_bad) | (is6 & ~v6_bad)),
-            dec_c.hlen.eq(Mux(roce, hlen, 0)),
-            dec_c.plen.eq(plen_wide),
-            dec_c.end.eq(end),
-            dec_c.ip_end.eq(ip_end),
-            dec_c.ip_off.eq(ip_off),
-            dec_c.udp_off.eq(udp_off),
-            dec_c.ipv6.eq(is6),
-        ]
+        # and the opcode-dependent lengths. D3 makes the RoCE-only framing checks (udp_off -
+        # ip_off is 40 or 4 * IHL) and the IPv4 word sum; D4 combines them.
+        roce_framing_c = ((is4 & frag)
+                          | (udp["length"] != ip_len - Mux(is6, 40, ihl * 4))
+                          | (ip_end < udp_off + (H.UDP.size + H.BTH.size + 4)))  # BTH + ICRC
         record_c = Signal(rec)
         parsed = {"eth": eth, "vlan": vlan, "ipv4": ip4, "ipv6": ip6, "udp": udp, "bth": bth}
         for h in H.EXT_HEADERS:
@@ -368,21 +359,75 @@ class Parser(wiring.Component):
         m.d.comb += [
             record_c.vlan.eq(vlan_p),
             record_c.ipv6.eq(is6),
-            record_c.roce.eq(roce),
+            record_c.roce.eq(roce_c),
             record_c.ipv4_options.eq(options),
-            record_c.payload_len.eq(Mux(roce, plen_wide, 0)),
+            # payload_len: from the decision, with the frame's last beat (o3.payload_len)
         ]
         d3_valid = Signal()
-        dec = Signal(Decision)
         record = Signal(rec)
+        ext_len = Signal(range(64), name="d3_ext_len")
+        op_known, op_payload = Signal(name="d3_op_known"), Signal(name="d3_op_payload")
+        hbase = Signal(8, name="d3_hbase")              # udp_off + UDP + BTH: hlen - ext_len
+        pbase = Signal(POS_BITS + 1, name="d3_pbase")   # ip_end - (pad + 4) - hbase: plen + ext_len
+        roce, roce_framing = Signal(name="d3_roce"), Signal(name="d3_roce_framing")
+        ip_bad = Signal(name="d3_ip_bad")
+        csum_sum = Signal(21, name="d3_csum_sum")
+        d3_is4 = Signal()
+        d3 = Signal(Decision)   # the fields that need no more arithmetic
         m.d.sync += d3_valid.eq(d2_valid)
         with m.If(d2_valid):
-            m.d.sync += [dec.eq(dec_c), record.eq(record_c)]
+            m.d.sync += [
+                record.eq(record_c),
+                ext_len.eq(ext_len_c), op_known.eq(op_known_c), op_payload.eq(op_payload_c),
+                hbase.eq(udp_off + (H.UDP.size + H.BTH.size)),
+                pbase.eq((ip_end - (pad_c + 4)) - (udp_off + (H.UDP.size + H.BTH.size))),
+                roce.eq(roce_c), roce_framing.eq(roce_framing_c),
+                ip_bad.eq(v4_bad | v6_bad),
+                csum_sum.eq(tree_sum(csum_parts)),
+                d3.ip.eq((is4 & ~v4_bad) | (is6 & ~v6_bad)),
+                d3.pad.eq(pad_c),
+                d3.tver_bad.eq(bth["tver"] != 0),
+                d3.k.eq((4 - ip_end)[:lg] if lg else 0),    # (-end) mod B, end = ip_end - 4
+                d3.end.eq(ip_end - 4),
+                d3.ip_end.eq(ip_end),
+                d3.ip_off.eq(ip_off),
+                d3.udp_off.eq(udp_off),
+                d3.ipv6.eq(is6),
+                d3_is4.eq(is4),
+            ]
         m.d.comb += [
-            dec_fifo.w_en.eq(d3_valid),
-            dec_fifo.w_data.eq(dec),
             rec_fifo.w_en.eq(d3_valid),
             rec_fifo.w_data.eq(record),
+        ]
+
+        # D4: the opcode's extension-header length into the header and payload lengths
+        hlen = Signal(8)
+        m.d.comb += hlen.eq(hbase + ext_len)
+        plen_wide = Signal(POS_BITS + 1)
+        m.d.comb += plen_wide.eq(pbase - ext_len)
+        dec_c = Signal(Decision)
+        m.d.comb += [
+            dec_c.eq(d3),
+            dec_c.raw.eq(~roce),
+            dec_c.framing_bad.eq(ip_bad | (roce & roce_framing)),
+            dec_c.csum_bad.eq(roce & d3_is4 & (ones_complement_fold(csum_sum) != 0xFFFF)),
+            dec_c.op_known.eq(op_known),
+            dec_c.op_payload.eq(op_payload),
+            dec_c.plen_ovf.eq(plen_wide >= (1 << MAX_FRAME_BITS)),
+            dec_c.hlen.eq(Mux(roce, hlen, 0)),
+            dec_c.plen.eq(plen_wide),
+        ]
+        # pe: plen + the first payload beat's offset, so that stage B's remaining payload at a
+        # beat is pe - the beat's offset (one subtraction)
+        m.d.comb += dec_c.pe.eq(dec_c.plen + Cat(Const(0, lg), dec_c.hlen[lg:]))
+        d4_valid = Signal()
+        dec = Signal(Decision)
+        m.d.sync += d4_valid.eq(d3_valid)
+        with m.If(d3_valid):
+            m.d.sync += dec.eq(dec_c)
+        m.d.comb += [
+            dec_fifo.w_en.eq(d4_valid),
+            dec_fifo.w_data.eq(dec),
         ]
 
         # ---------------------------------------------------------------- stage B: stream
@@ -404,7 +449,7 @@ class Parser(wiring.Component):
         # last beat, the verdict's operands.
         ol = data.StructLayout({
             "beat": beat, "icrc": 32, "framing": 1, "csum": 1, "late": DropReason, "check": 1,
-            "frame_len": MAX_FRAME_BITS,
+            "frame_len": MAX_FRAME_BITS, "payload_len": MAX_FRAME_BITS,
         })
         o1, o2, o3 = Signal(ol), Signal(ol), Signal(ol)
         o1_valid, o2_valid, o3_valid = Signal(), Signal(), Signal()
@@ -421,10 +466,9 @@ class Parser(wiring.Component):
         # Payload re-alignment: output beat k holds bytes [L + kB, L + (k+1)B) of the frame.
         shift = d.hlen[:lg] if lg else Const(0, 1)
         first_beat = d.hlen[lg:] if lg else d.hlen
-        k_out = Signal(range(-(1 << 8), 1 << (POS_BITS - lg)))
-        m.d.comb += k_out.eq(b_idx - first_beat)
+        # remaining = plen - (b_idx - first_beat) * B, with plen + first_beat * B from the decoder
         remaining = Signal(range(-(1 << POS_BITS), 1 << POS_BITS))
-        m.d.comb += remaining.eq(d.plen - k_out * B)
+        m.d.comb += remaining.eq(d.pe - base)
         shifted = materialize(
             m, Cat(cur.data, nxt.data).bit_select(shift * 8, B * 8) if lg else cur.data, "shifted")
         cand = Signal(beat)
@@ -432,7 +476,7 @@ class Parser(wiring.Component):
             cand.keep.eq(Cat(*((remaining > b) for b in range(B)))),
             cand.data.eq(shifted & Cat(*(cand.keep[b].replicate(8) for b in range(B)))),
         ]
-        cand_emit = materialize(m, (k_out >= 0) & (remaining > 0), "cand_emit")
+        cand_emit = materialize(m, (b_idx >= first_beat) & (remaining > 0), "cand_emit")
         cand_final = materialize(m, remaining <= B, "cand_final")
 
         # ICRC: the data-independent lane controls come with each beat into c2; c3 holds the
@@ -518,6 +562,7 @@ class Parser(wiring.Component):
                     o1.late.eq(late),
                     o1.check.eq(~d.raw),
                     o1.frame_len.eq(frame_len),
+                    o1.payload_len.eq(Mux(d.raw, 0, d.plen)),
                 ]
         with m.If(adv & o1_valid):
             m.d.sync += o2.eq(o1)
@@ -540,6 +585,7 @@ class Parser(wiring.Component):
             self.o.payload.eq(o3.beat),
             self.o_meta.eq(rec_fifo.r_data),
             self.o_meta.frame_len.eq(o3.frame_len),
+            self.o_meta.payload_len.eq(o3.payload_len),
             self.o_meta.drop.eq(verdict != DropReason.NONE),
             self.o_meta.reason.eq(verdict),
             rec_fifo.r_en.eq(self.o.valid & self.o.ready & o3.beat.last),
