@@ -10,7 +10,7 @@ extracts every field from the window, classifies the frame and checks its header
 small *decision* (offsets and lengths) and the wide header *record*. The decoder is a pipeline
 of ``DECODE_STAGES`` (4) registers (the window copied with its EtherType decode, the IP header
 window and the L4 window's position; the Ethernet and IP header bytes, the IP offsets, lengths,
-L4 window and six partial checksum sums; the opcode's decode, the record, the framing checks
+L4 window and eight partial checksum sums; the opcode's decode, the record, the framing checks
 and the checksum's sum; the lengths and the decision), one decision per clock. The record
 leaves for its FIFO after the third (``RECORD_STAGES``): its ``payload_len`` comes with the
 frame's last output beat, from the decision.
@@ -81,7 +81,7 @@ UDP_OFFSETS = sorted({ip + 4 * ihl for ip in (14, 18) for ihl in range(5, 16)} |
 L4_WINDOW = H.UDP.size + H.BTH.size + 28   # UDP + BTH + the longest extension chain
 DECODE_STAGES = 4   # registers between the header window and the decision FIFO
 RECORD_STAGES = 3   # registers between the header window and the record FIFO
-CSUM_PARTS = 6      # the IPv4 header's word sum, registered in D2 as this many partial sums
+CSUM_PARTS = 8      # the IPv4 header's word sum, registered in D2 as this many partial sums
 L4_END = max(UDP_OFFSETS) + L4_WINDOW   # window bytes past the last L4 window position: unused
 POS_BITS = 17   # absolute byte offsets: IPv4 total length (16 bits) + Ethernet/VLAN header
 
@@ -246,7 +246,7 @@ class Parser(wiring.Component):
         #       bytes up to the last L4 window position) with the EtherType decode, the IP header
         #       window (after the VLAN tag, if any) and the L4 window's position (l4_pos);
         #   D2  IP offset, IPv4/IPv6 fields, the UDP offset and the L4 window (a mux on l4_pos),
-        #       the IPv4 header's word sum as six partial sums, the IP lengths; only the
+        #       the IPv4 header's word sum as eight partial sums, the IP lengths; only the
         #       Ethernet/VLAN bytes and the IP header window of the window copy go on;
         #   D3  the opcode's decode (extension-header length, known, payload), the record
         #       (written to its FIFO the next clock), the RoCE framing checks, the IPv4 word sum,
@@ -466,9 +466,13 @@ class Parser(wiring.Component):
         # Payload re-alignment: output beat k holds bytes [L + kB, L + (k+1)B) of the frame.
         shift = d.hlen[:lg] if lg else Const(0, 1)
         first_beat = d.hlen[lg:] if lg else d.hlen
-        # remaining = plen - (b_idx - first_beat) * B, with plen + first_beat * B from the decoder
+        # remaining = plen - (b_idx - first_beat) * B = pe - base (pe = plen + first_beat * B from
+        # the decoder): pe itself at a frame's first beat (b_idx == 0), then a register that
+        # counts down by B with every beat processed (no subtraction on the path to the output).
         remaining = Signal(range(-(1 << POS_BITS), 1 << POS_BITS))
-        m.d.comb += remaining.eq(d.pe - base)
+        rem_next = Signal.like(remaining)
+        b_first = Signal(init=1)    # b_idx == 0
+        m.d.comb += remaining.eq(Mux(b_first, d.pe, rem_next))
         shifted = materialize(
             m, Cat(cur.data, nxt.data).bit_select(shift * 8, B * 8) if lg else cur.data, "shifted")
         cand = Signal(beat)
@@ -541,11 +545,11 @@ class Parser(wiring.Component):
             m.d.comb += [emit.eq(1), out.data.eq(cand.data), out.keep.eq(cand.keep)]
 
         with m.If(proc):
-            m.d.sync += icrc_rx.eq(icrc_next)
+            m.d.sync += [icrc_rx.eq(icrc_next), rem_next.eq(remaining - B)]
             with m.If(cur.last):
-                m.d.sync += [b_idx.eq(0), fin_valid.eq(0)]
+                m.d.sync += [b_idx.eq(0), b_first.eq(1), fin_valid.eq(0)]
             with m.Else():
-                m.d.sync += b_idx.eq(b_idx + 1)
+                m.d.sync += [b_idx.eq(b_idx + 1), b_first.eq(0)]
                 with m.If(~d.raw & cand_emit & cand_final):
                     m.d.sync += [fin.eq(cand), fin_valid.eq(1)]
         m.d.comb += dec_fifo.r_en.eq(proc & cur.last)
