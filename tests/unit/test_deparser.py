@@ -180,8 +180,8 @@ def test_rebuilds_real_captures_and_jumbo(width):
 def test_no_bubbles_and_latency(width):
     """Inputs always valid, output always ready: the output carries a beat on every clock from
     the first beat of the first frame to the last beat of the last (short and long frames, RoCE
-    and non-RoCE), and the first beat leaves 5 cycles after its record is accepted (header
-    stages A and B, the emit stage, then the ICRC word and ICRC update stages)."""
+    and non-RoCE), and the first beat leaves 6 cycles after its record is accepted (header
+    stages A, B and C, the emit stage, then the ICRC word and ICRC update stages)."""
     rng = seeded_rng(f"deparser-linerate-{width}", 3)
     cases = []
     for n in range(8):
@@ -202,4 +202,4 @@ def test_no_bubbles_and_latency(width):
     out = [c for g in got for c in g.cycles]
     assert out == list(range(out[0], out[0] + len(out))), "bubble in the output"
     assert sink.bubbles == 0
-    assert out[0] - meta.transfers[0].cycle == 5
+    assert out[0] - meta.transfers[0].cycle == 6
