@@ -295,10 +295,9 @@ class Deparser(wiring.Component):
                          sb_vlan.eq(sa_r.vlan), sb.eq(lay_c)]
         with m.Elif(sb_pop):
             m.d.sync += sb_valid.eq(0)
+        win_full = materialize(m, self._checksum(m, sb_win, sb_raw, sb_vlan, sb.ipv6), "win_full")
         with m.If(sb_pop):
-            m.d.sync += [s1_valid.eq(1),
-                         s1_win.eq(self._checksum(m, sb_win, sb_raw, sb_vlan, sb.ipv6)),
-                         s1.eq(sb)]
+            m.d.sync += [s1_valid.eq(1), s1_win.eq(win_full), s1.eq(sb)]
         with m.Elif(s1_pop):
             m.d.sync += s1_valid.eq(0)
 
@@ -318,29 +317,37 @@ class Deparser(wiring.Component):
         s2_valid, s3_valid, s4_valid = Signal(), Signal(), Signal()
         adv = ~s4_valid | self.o.ready
 
-        def at(b):
-            return Cat(Const(b, lg), j) if lg else j
+        def at(b, jv=j):
+            return Cat(Const(b, lg), jv) if lg else jv
 
         shift = s1.hlen[:lg] if lg else Const(0, 1)
-        # need (this beat consumes a payload beat) and is_last, registered for the beat to
-        # come: the ready chain (output -> payload input -> record input) starts at flip-flops.
+        # need (this beat consumes a payload beat), is_last, the header word and which lanes
+        # take header bytes (hsel) or payload bytes (psel), all registered for the beat to come
+        # (from j_next = j + 1, or for beat 0 from stage C as a frame enters the emit stage):
+        # the ready chain (output -> payload input -> record input) starts at flip-flops and
+        # the beat is two multiplexer levels after the payload shifter.
         need = Signal()
         is_last = Signal()
-        cur = materialize(m, Mux(need, self.i.payload.data, 0), "cur")
+        j_next = Signal.like(j, init=1)
+        hdr = Signal(self.data_width)
+        hsel = Signal(B)
+        psel = Signal(B)
+        # a lane whose payload byte comes from ``cur`` when no payload beat is consumed is
+        # past the payload (or a header lane): psel zeroes it, so ``cur`` needs no mask
+        cur = self.i.payload.data
         if lg:
             pay = Cat(prev, cur).bit_select((B - shift).as_unsigned() * 8, B * 8)
         else:
             pay = cur
         pay = materialize(m, pay, "pay")
-        hdr = Signal(self.data_width)
-        with m.Switch(j):
+        hdr_next = Signal(self.data_width)
+        with m.Switch(j_next):
             for n in range(NW):
                 with m.Case(n):
-                    m.d.comb += hdr.eq(s1_win[n * B * 8:(n + 1) * B * 8])
+                    m.d.comb += hdr_next.eq(s1_win[n * B * 8:(n + 1) * B * 8])
         lanes, keep_last = [], []
         for b in range(B):
-            lanes.append(Mux(at(b) < s1.hlen, hdr[b * 8:b * 8 + 8],
-                             Mux(at(b) < s1.pay_end, pay[b * 8:b * 8 + 8], 0)))
+            lanes.append(Mux(hsel[b], hdr[b * 8:b * 8 + 8], Mux(psel[b], pay[b * 8:b * 8 + 8], 0)))
             keep_last.append(Const(b, lg) < s1.flen[:lg] if lg else Const(0, 1))
         # flen % B == 0: the last beat is full
         keep_last = Mux(s1.flen[:lg] == 0, (1 << B) - 1, Cat(*keep_last)) if lg else Const(1, 1)
@@ -381,12 +388,15 @@ class Deparser(wiring.Component):
         crc = Signal(32)
         with m.If(adv):
             m.d.sync += [s2_valid.eq(proc), s3_valid.eq(s2_valid), s4_valid.eq(s3_valid)]
-        j1 = j + 1
         with m.If(proc):
             m.d.sync += [
-                j.eq(Mux(done, 0, j1)),
-                need.eq(s1.raw | ((j1 >= s1.first) & (j1 < s1.jpe))),
-                is_last.eq(j1 == s1.jl),
+                j.eq(Mux(done, 0, j_next)),
+                j_next.eq(Mux(done, 1, j_next + 1)),
+                need.eq(s1.raw | ((j_next >= s1.first) & (j_next < s1.jpe))),
+                is_last.eq(j_next == s1.jl),
+                hdr.eq(hdr_next),
+                hsel.eq(Cat(*(at(b, j_next) < s1.hlen for b in range(B)))),
+                psel.eq(Cat(*(at(b, j_next) < s1.pay_end for b in range(B)))),
             ]
             with m.If(need):
                 m.d.sync += prev.eq(cur)
@@ -398,7 +408,12 @@ class Deparser(wiring.Component):
             ]
         with m.If(sb_pop):
             # the next frame's beat 0 (sb_pop with s1_valid implies s1_pop: j becomes 0)
-            m.d.sync += [need.eq(sb.raw | (sb.first == 0)), is_last.eq(sb.jl == 0)]
+            m.d.sync += [
+                need.eq(sb.raw | (sb.first == 0)), is_last.eq(sb.jl == 0),
+                hdr.eq(win_full[:B * 8]),
+                hsel.eq(Cat(*(b < sb.hlen for b in range(B)))),
+                psel.eq(Cat(*(b < sb.pay_end for b in range(B)))),
+            ]
         masked, word = icrc_delayed_word(m, s2.beat.data, s2.zero, s2.ff, s2.nib, s2.first, s2.k,
                                          prev_masked, B, "tx_icrc")
         with m.If(adv & s2_valid):
