@@ -2,23 +2,23 @@
 #      (BTH and extension headers); RFC 791 (IPv4, header checksum); RFC 8200 (IPv6); RFC 768
 """RoCEv2 deparser: rebuilds the wire frame from a header record and a payload stream.
 
-Stage 1 serializes every header from the record into a 128-byte header window at the offsets
-the record implies (VLAN or not, IPv4 with options or IPv6, the opcode's extension headers),
+Stage 1 serializes every header from the record into a 128-byte header window at the offsets the
+record implies (VLAN or not, IPv4 with options or IPv6, the opcode's extension headers),
 computing on the way the lengths (IPv4 total length / IPv6 payload length, UDP length), the BTH
 pad count, the EtherTypes and the IPv4 header checksum, over three registers: A derives the
-lengths, offsets, extension headers and partial sums of the IPv4 header words (without the
-total length), B the window (checksum 0) and the header's raw word sum, C folds that sum into
-the checksum and writes it into the window; B also turns the lengths into beat indices for
-stage 2. Stage 2
-emits the frame one beat per clock: header bytes, then the payload shifted into place (a byte
-shifter over the previous and the current payload beat), zero pad bytes, the ICRC slot and zero
-Ethernet padding up to 60 bytes; with each beat it derives which lanes the ICRC masks, skips or
-forces to ones, and where the ICRC slot is (none of it depends on the data). Three registers
-follow: s2 holds the beat; s3 the beat and its ICRC word, the masked stream delayed by
-``(-end) mod B`` bytes so that the ICRC's last byte ends a word (the init-0 CRC ignores the
-zero bytes this puts in front, so there is no partial last word to undo); the ICRC register is
-updated from s3's word as its beat enters s4, and s4 leaves with the finished ICRC written into
-its slot.
+lengths, offsets, extension headers and partial sums of the IPv4 header words (without the total
+length), B the window (checksum 0) and the header's raw word sum, C folds that sum into the
+checksum and writes it into the window; B also turns the lengths into beat indices for stage 2.
+Stage 2 emits the frame one beat per clock: header bytes, then the payload shifted into place (a
+byte shifter over the previous and the current payload beat), zero pad bytes, the ICRC slot and
+zero Ethernet padding up to 60 bytes; with each beat it derives which lanes the ICRC masks,
+skips or forces to ones, and where the ICRC slot is (none of it depends on the data, so these
+controls and the lane selects are registered a beat ahead, and the header window shifts down one
+word per beat). Three registers follow: s2 holds the beat; s3 the beat and its ICRC word, the
+masked stream delayed by ``(-end) mod B`` bytes so that the ICRC's last byte ends a word (the
+init-0 CRC ignores the zero bytes this puts in front, so there is no partial last word to undo);
+the ICRC register is updated from s3's word as its beat enters s4, and s4 leaves with the
+finished ICRC written into its slot.
 
 Ports:
   ``i_meta``  in   stream of header records (``layout.record_layout()``), one per frame. With
@@ -297,7 +297,7 @@ class Deparser(wiring.Component):
             m.d.sync += sb_valid.eq(0)
         win_full = materialize(m, self._checksum(m, sb_win, sb_raw, sb_vlan, sb.ipv6), "win_full")
         with m.If(sb_pop):
-            m.d.sync += [s1_valid.eq(1), s1_win.eq(win_full), s1.eq(sb)]
+            m.d.sync += [s1_valid.eq(1), s1.eq(sb)]
         with m.Elif(s1_pop):
             m.d.sync += s1_valid.eq(0)
 
@@ -321,15 +321,15 @@ class Deparser(wiring.Component):
             return Cat(Const(b, lg), jv) if lg else jv
 
         shift = s1.hlen[:lg] if lg else Const(0, 1)
-        # need (this beat consumes a payload beat), is_last, the header word and which lanes
-        # take header bytes (hsel) or payload bytes (psel), all registered for the beat to come
-        # (from j_next = j + 1, or for beat 0 from stage C as a frame enters the emit stage):
-        # the ready chain (output -> payload input -> record input) starts at flip-flops and
-        # the beat is two multiplexer levels after the payload shifter.
+        # need (this beat consumes a payload beat), is_last, which lanes take header bytes
+        # (hsel) or payload bytes (psel) and the ICRC controls, all registered for the beat to
+        # come (from j_next = j + 1, or for beat 0 from stage B's layout as a frame enters the
+        # emit stage); the header window shifts down one word per beat. So the ready chain
+        # (output -> payload input -> record input) starts at flip-flops and the beat is two
+        # multiplexer levels after the payload shifter.
         need = Signal()
         is_last = Signal()
         j_next = Signal.like(j, init=1)
-        hdr = Signal(self.data_width)
         hsel = Signal(B)
         psel = Signal(B)
         # a lane whose payload byte comes from ``cur`` when no payload beat is consumed is
@@ -340,11 +340,8 @@ class Deparser(wiring.Component):
         else:
             pay = cur
         pay = materialize(m, pay, "pay")
-        hdr_next = Signal(self.data_width)
-        with m.Switch(j_next):
-            for n in range(NW):
-                with m.Case(n):
-                    m.d.comb += hdr_next.eq(s1_win[n * B * 8:(n + 1) * B * 8])
+        # the window shifts down one word per beat: its low word is the beat's header word
+        hdr = s1_win[:B * 8]
         lanes, keep_last = [], []
         for b in range(B):
             lanes.append(Mux(hsel[b], hdr[b * 8:b * 8 + 8], Mux(psel[b], pay[b * 8:b * 8 + 8], 0)))
@@ -366,15 +363,26 @@ class Deparser(wiring.Component):
             self.i.ready.eq(proc & need),
             s1_pop.eq(proc & done),
         ]
-        base = at(0)
-        zero, ff, nib = icrc_lane_ctrl(m, base, s1.ip_off, s1.udp_off, s1.ipv6, s1.end, B,
-                                       name="tx_icrc")
-        # ICRC slot: lane b holds ICRC byte (b + base - end) when that is 0..3
-        ov_hit, ov_idx = [], []
-        for b in range(B):
-            d = materialize(m, (at(b) - s1.end)[:POS_BITS], f"tx_icrc_ov{b}")
-            ov_hit.append(d < 4)
-            ov_idx.append(d[:2])
+        def icrc_ctrl(jv, lay, name):
+            """The beat ``jv``'s ICRC lane controls (``zero``, ``ff``, ``nib``), ICRC slot
+            (lane b holds ICRC byte (b + base - end) when that is 0..3) and whether the beat
+            updates the ICRC, from the frame layout ``lay``."""
+            zero, ff, nib = icrc_lane_ctrl(m, at(0, jv), lay.ip_off, lay.udp_off, lay.ipv6,
+                                           lay.end, B, name=name)
+            ov_hit, ov_idx = [], []
+            for b in range(B):
+                d = materialize(m, (at(b, jv) - lay.end)[:POS_BITS], f"{name}_ov{b}")
+                ov_hit.append(d < 4)
+                ov_idx.append(d[:2])
+            return [zero, ff, nib, Cat(*ov_hit), Cat(*ov_idx), at(0, jv) < lay.end]
+
+        # the ICRC controls, registered for the beat to come like hsel / psel
+        e_ctrl = [Signal(B, name="e_zero"), Signal(B, name="e_ff"), Signal(B, name="e_nib"),
+                  Signal(B, name="e_ov_hit"), Signal(2 * B, name="e_ov_idx"),
+                  Signal(name="e_update")]
+        zero, ff, nib, ov_hit, ov_idx, update = e_ctrl
+        e_next = icrc_ctrl(j_next, s1, "tx_icrc")
+        e_first = icrc_ctrl(Const(0, len(j)), sb, "tx_icrc0")
 
         lc = data.StructLayout({
             "beat": beat, "raw": 1, "first": 1, "update": 1, "k": 6,
@@ -394,34 +402,38 @@ class Deparser(wiring.Component):
                 j_next.eq(Mux(done, 1, j_next + 1)),
                 need.eq(s1.raw | ((j_next >= s1.first) & (j_next < s1.jpe))),
                 is_last.eq(j_next == s1.jl),
-                hdr.eq(hdr_next),
+                s1_win.eq(s1_win >> (B * 8)),
                 hsel.eq(Cat(*(at(b, j_next) < s1.hlen for b in range(B)))),
                 psel.eq(Cat(*(at(b, j_next) < s1.pay_end for b in range(B)))),
             ]
+            m.d.sync += [r.eq(v) for r, v in zip(e_ctrl, e_next, strict=True)]
             with m.If(need):
                 m.d.sync += prev.eq(cur)
             m.d.sync += [
                 s2.beat.eq(out), s2.raw.eq(s1.raw), s2.first.eq(j == 0),
-                s2.update.eq(base < s1.end), s2.k.eq(s1.k),
+                s2.update.eq(update), s2.k.eq(s1.k),
                 s2.zero.eq(zero), s2.ff.eq(ff), s2.nib.eq(nib),
-                s2.ov_hit.eq(Cat(*ov_hit)), s2.ov_idx.eq(Cat(*ov_idx)),
+                s2.ov_hit.eq(ov_hit), s2.ov_idx.eq(ov_idx),
             ]
         with m.If(sb_pop):
             # the next frame's beat 0 (sb_pop with s1_valid implies s1_pop: j becomes 0)
             m.d.sync += [
                 need.eq(sb.raw | (sb.first == 0)), is_last.eq(sb.jl == 0),
-                hdr.eq(win_full[:B * 8]),
+                s1_win.eq(win_full),
                 hsel.eq(Cat(*(b < sb.hlen for b in range(B)))),
                 psel.eq(Cat(*(b < sb.pay_end for b in range(B)))),
             ]
+            m.d.sync += [r.eq(v) for r, v in zip(e_ctrl, e_first, strict=True)]
         masked, word = icrc_delayed_word(m, s2.beat.data, s2.zero, s2.ff, s2.nib, s2.first, s2.k,
                                          prev_masked, B, "tx_icrc")
         with m.If(adv & s2_valid):
             m.d.sync += [s3.eq(s2), s3_word.eq(word), prev_masked.eq(masked)]
+        # (built outside the If: comb statements inside it would gate the CRC's inputs)
+        crc_next = crc_step(m, Mux(s3.first, 0, crc), s3_word, name="tx_icrc_crc")
         with m.If(adv & s3_valid):
             m.d.sync += s4.eq(s3)
             with m.If(s3.update):
-                m.d.sync += crc.eq(crc_step(m, Mux(s3.first, 0, crc), s3_word, name="tx_icrc_crc"))
+                m.d.sync += crc.eq(crc_next)
 
         # ---------------------------------------------------------------- ICRC slot
         value = crc ^ 0xFFFFFFFF
