@@ -400,13 +400,7 @@ class Deparser(wiring.Component):
             m.d.sync += [
                 j.eq(Mux(done, 0, j_next)),
                 j_next.eq(Mux(done, 1, j_next + 1)),
-                need.eq(s1.raw | ((j_next >= s1.first) & (j_next < s1.jpe))),
-                is_last.eq(j_next == s1.jl),
-                s1_win.eq(s1_win >> (B * 8)),
-                hsel.eq(Cat(*(at(b, j_next) < s1.hlen for b in range(B)))),
-                psel.eq(Cat(*(at(b, j_next) < s1.pay_end for b in range(B)))),
             ]
-            m.d.sync += [r.eq(v) for r, v in zip(e_ctrl, e_next, strict=True)]
             with m.If(need):
                 m.d.sync += prev.eq(cur)
             m.d.sync += [
@@ -415,15 +409,29 @@ class Deparser(wiring.Component):
                 s2.zero.eq(zero), s2.ff.eq(ff), s2.nib.eq(nib),
                 s2.ov_hit.eq(ov_hit), s2.ov_idx.eq(ov_idx),
             ]
-        with m.If(sb_pop):
-            # the next frame's beat 0 (sb_pop with s1_valid implies s1_pop: j becomes 0)
-            m.d.sync += [
-                need.eq(sb.raw | (sb.first == 0)), is_last.eq(sb.jl == 0),
-                s1_win.eq(win_full),
-                hsel.eq(Cat(*(b < sb.hlen for b in range(B)))),
-                psel.eq(Cat(*(b < sb.pay_end for b in range(B)))),
-            ]
-            m.d.sync += [r.eq(v) for r, v in zip(e_ctrl, e_first, strict=True)]
+        # The per-beat registers load on a beat (proc) or as a frame enters (sb_pop); which
+        # value is chosen from registers only (not through the handshake): the next frame's
+        # beat 0 from stage B's layout after a frame's last beat or into an idle emit stage
+        # (without sb_pop that value is stale and is loaded again by sb_pop, which comes before
+        # the frame's first beat), else the frame's next beat.
+        with m.If(proc | sb_pop):
+            with m.If(done | ~s1_valid):
+                m.d.sync += [
+                    need.eq(sb.raw | (sb.first == 0)), is_last.eq(sb.jl == 0),
+                    s1_win.eq(win_full),
+                    hsel.eq(Cat(*(b < sb.hlen for b in range(B)))),
+                    psel.eq(Cat(*(b < sb.pay_end for b in range(B)))),
+                ]
+                m.d.sync += [r.eq(v) for r, v in zip(e_ctrl, e_first, strict=True)]
+            with m.Else():
+                m.d.sync += [
+                    need.eq(s1.raw | ((j_next >= s1.first) & (j_next < s1.jpe))),
+                    is_last.eq(j_next == s1.jl),
+                    s1_win.eq(s1_win >> (B * 8)),
+                    hsel.eq(Cat(*(at(b, j_next) < s1.hlen for b in range(B)))),
+                    psel.eq(Cat(*(at(b, j_next) < s1.pay_end for b in range(B)))),
+                ]
+                m.d.sync += [r.eq(v) for r, v in zip(e_ctrl, e_next, strict=True)]
         masked, word = icrc_delayed_word(m, s2.beat.data, s2.zero, s2.ff, s2.nib, s2.first, s2.k,
                                          prev_masked, B, "tx_icrc")
         with m.If(adv & s2_valid):
