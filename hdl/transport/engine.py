@@ -488,14 +488,15 @@ class RcTransport(wiring.Component):
         rrq = Signal(struct_layout(RECV_REQUEST))
         m.d.comb += rrq.eq(self.rr.payload)
 
-        # memory addresses: qs/txc/tmr by qp, sq/sqd by (qp, slot), rq by (qp, rq_tail)
-        sq_slot = Signal(SQB)
+        # memory addresses: qs/txc/tmr by qp, sq/sqd by (qp, slot), rq by (qp, rq_tail). The
+        # sq/sqd and rq read addresses come straight from registers (sq_ra, rq_ra), computed a
+        # clock ahead (see "slot shadow" below): they fan out to a few dozen block RAMs.
+        sq_ra = Signal(SQB + IB)
+        rq_ra = Signal(RQB + IB)
         m.d.comb += [
             qs_rd.addr.eq(qp), txc_rd.addr.eq(qp), tmr_rd.addr.eq(qp),
-            sq_rd.addr.eq(Cat(sq_slot, qp)), sqd_rd.addr.eq(Cat(sq_slot, qp)),
+            sq_rd.addr.eq(sq_ra), sqd_rd.addr.eq(sq_ra), rq_rd.addr.eq(rq_ra),
         ]
-        rq_slot = Signal(RQB)
-        m.d.comb += rq_rd.addr.eq(Cat(rq_slot, qp))
 
         # pdq entry assembled by the states below
         pde = Signal(pd_l)
@@ -720,15 +721,31 @@ class RcTransport(wiring.Component):
         m.d.comb += [self.sched_push.valid.eq(sched_push), self.sched_push.payload.qp.eq(qp)]
         # Credits back to the feeder of wr / rr (one state sets each, so one pulse per clock).
         m.d.comb += [self.sq_retire.payload.qp.eq(qp), self.rq_retire.payload.qp.eq(qp)]
-        # default send-queue slot: the WQE being sent (SEND) or the oldest one; states override
-        m.d.comb += sq_slot.eq(Mux(ev == _Ev.SEND, s.sq_cur, s.sq_tail))
-        m.d.comb += rq_slot.eq(s.rq_tail)
         # The state write is registered: qs_mem takes it one clock after the deciding state, in
         # the IDLE clock that always follows; the next event's LOAD addresses qs_mem after that,
         # so it reads the new word (no forwarding needed).
         qs_w = Signal(qs_l)
         qs_we = Signal()
         m.d.sync += [qs_wr.addr.eq(qp), qs_wr.data.eq(qs_w), qs_wr.en.eq(qs_we)]
+
+        # --- slot shadow: the sq_cur, sq_tail and rq_tail slots of every QP, in a small RAM read
+        # without a clock, written with (and like) qs. LOAD reads the event's QP from it and
+        # registers the first sq/sqd/rq read address (sq_cur for SEND, else sq_tail; rq_tail),
+        # so the WQE and receive WQE are read in GOT as before, from registers; every other
+        # clock sq_ra takes (qp, s.sq_tail + 1): the next WQE the walk (WALK -> WALK_LD) and
+        # the flush (FLUSH -> FLUSH_LD) read, s.sq_tail being one clock old there (WALK and
+        # FLUSH follow a clock that does not move it).
+        slot_l = data.StructLayout({"sq_cur": SQB, "sq_tail": SQB, "rq_tail": RQB})
+        m.submodules.slot_mem = slot_mem = Memory(shape=slot_l, depth=self.qps, init=[])
+        slot_rd, slot_wr = slot_mem.read_port(domain="comb"), slot_mem.write_port()
+        m.d.comb += [slot_rd.addr.eq(qp), slot_wr.en.eq(qs_wr.en), slot_wr.addr.eq(qs_wr.addr),
+                     slot_wr.data.sq_cur.eq(qs_wr.data.sq_cur[:SQB]),
+                     slot_wr.data.sq_tail.eq(qs_wr.data.sq_tail[:SQB]),
+                     slot_wr.data.rq_tail.eq(qs_wr.data.rq_tail[:RQB])]
+        sq_ra_load = Signal(SQB + IB)
+        m.d.comb += sq_ra_load.eq(Cat(Mux(ev == _Ev.SEND, slot_rd.data.sq_cur,
+                                          slot_rd.data.sq_tail), qp))
+        m.d.sync += rq_ra.eq(Cat(slot_rd.data.rq_tail, qp))     # used only in GOT
 
         def write_state(ns):
             return [qs_w.eq(ns), qs_we.eq(1)]
@@ -808,6 +825,7 @@ class RcTransport(wiring.Component):
             sd.last.eq(s.npsn + sd.rd_n - 1),    # the WQE's last PSN (first packet: rem = length)
         ]
 
+        m.d.sync += sq_ra.eq(Cat((s.sq_tail + 1)[:SQB], qp))    # LOAD overrides (below)
         prefer_rx = Signal()
         with m.FSM(name="ev"):
             with m.State("IDLE"):
@@ -839,14 +857,14 @@ class RcTransport(wiring.Component):
                     m.d.sync += prefer_rx.eq(1)
 
             with m.State("LOAD"):
+                m.d.sync += sq_ra.eq(sq_ra_load)    # the WQE read in GOT (slot shadow)
                 m.next = "GOT"      # qs/txc/tmr read at qp: valid in GOT
 
             with m.State("GOT"):
                 q = Signal(qs_l)
                 m.d.comb += q.eq(qs_rd.data)
                 m.d.sync += [s.eq(q), c.eq(txc_rd.data), t.eq(tmr_rd.data), flushing.eq(0)]
-                m.d.comb += [sq_slot.eq(Mux(ev == _Ev.SEND, q.sq_cur, q.sq_tail)),
-                             rq_slot.eq(q.rq_tail)]
+                # (sq/sqd read at sq_ra, rq at rq_ra, both registered in LOAD: valid in EVAL)
                 m.next = "EVAL"
 
             with m.State("EVAL"):
@@ -980,9 +998,8 @@ class RcTransport(wiring.Component):
                 covered = Signal()
                 # walk_span's top bit set: una has passed walk_to, nothing more is covered
                 m.d.comb += covered.eq(~wk.ack_none & ~unsent & ~wk.span[23] & wk.le)
-                # the next WQE is read whether or not this one is covered (WALK_LD loads it
-                # only if it is)
-                m.d.comb += sq_slot.eq(s.sq_tail + 1)
+                # the next WQE (sq_ra = s.sq_tail + 1) is read whether or not this one is
+                # covered (WALK_LD loads it only if it is)
                 is_rd = Signal()
                 m.d.comb += is_rd.eq(w.opcode == WrOpcode.RDMA_READ)
                 with m.If(covered & is_rd):
@@ -1084,7 +1101,7 @@ class RcTransport(wiring.Component):
                     m.d.comb += [pd_push.eq(1), pde.wtag.eq(wtag_now), pde.has_cqe.eq(1),
                                  *cqe_for_wqe(pde.cqe, w, Mux(flushing, WcStatus.WR_FLUSH_ERR,
                                                              fatal_status)),
-                                 sq_slot.eq(s.sq_tail + 1), self.sq_retire.valid.eq(1)]
+                                 self.sq_retire.valid.eq(1)]     # sq_ra = s.sq_tail + 1
                     m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), flushing.eq(1)]
                     m.next = "FLUSH_LD"
             with m.State("FLUSH_LD"):
