@@ -156,6 +156,12 @@ def set_state_layout(index_bits):
     return data.StructLayout({"index": index_bits, "state": 3})
 
 
+def _regs(prefix, widths):
+    """A namespace of registers ``<prefix>_<name>``, one per ``(name, width)`` of ``widths``
+    (the event machine's per-clock check stages)."""
+    return SimpleNamespace(**{name: Signal(width, name=f"{prefix}_{name}") for name, width in widths})
+
+
 class _Ev(enum.Enum, shape=3):
     INIT = 0
     RX = 1
@@ -690,10 +696,8 @@ class RcTransport(wiring.Component):
         # The walk's checks, registered every clock: stage A from s and the packet, stage B from
         # w and stage A. The walk loads each next WQE (WALK_LD) and gives them a clock (WALK_CHK)
         # before WALK decides; on the first WALK (from DO) they have had CHK1..DO.
-        wk = SimpleNamespace()
-        for name, width in (("span", 24), ("sent_span", 24), ("ack_none", 1), ("te", 1),
-                            ("le", 1), ("lt_sent", 1), ("last1", 24)):
-            setattr(wk, name, Signal(width, name=f"wk_{name}"))
+        wk = _regs("wk", (("span", 24), ("sent_span", 24), ("ack_none", 1), ("te", 1),
+                            ("le", 1), ("lt_sent", 1), ("last1", 24)))
         m.d.sync += [
             # stage A
             wk.span.eq(walk_span),                       # walk_to - una
@@ -763,12 +767,10 @@ class RcTransport(wiring.Component):
         # AFTER_RX after RX_CHK1/RX_CHK2, where none of them changes). una after the response
         # is one of two values: s.una, or psn + 1 (an accepted READ response): everything
         # AFTER_RX derives from it is computed for both and selected there.
-        rc = SimpleNamespace()
-        for name, width in (("off", 32), ("rem", 32), ("offnz", 1), ("at_una", 1), ("psn1", 24),
+        rc = _regs("rc", (("off", 32), ("rem", 32), ("offnz", 1), ("at_una", 1), ("psn1", 24),
                             ("moved_a", 1), ("moved_b", 1), ("ahead_a", 24), ("ahead_b", 24),
                             ("cur_off_a", 32), ("cur_off_b", 32), ("idle_a", 1), ("idle_b", 1),
-                            ("plen_rem", 1), ("plen_mtu", 1)):
-            setattr(rc, name, Signal(width, name=f"rc_{name}"))
+                            ("plen_rem", 1), ("plen_mtu", 1)))
         m.d.sync += [
             # stage 1
             rc.off.eq(((psn - w.first_psn)[:24] << mtu_shift)[:32]),
@@ -790,12 +792,10 @@ class RcTransport(wiring.Component):
         ]
 
         # --- SEND: registered every clock from s, w and c (valid in DO after CHK1/CHK2)
-        sd = SimpleNamespace()
-        for name, width in (("can", 1), ("rem", 32), ("f", 1), ("rd_n", 24), ("out", 24),
+        sd = _regs("sd", (("can", 1), ("rem", 32), ("f", 1), ("rd_n", 24), ("out", 24),
                             ("va", 64), ("addr", 64), ("off_mtu", 32), ("mark", 1),
                             ("after", 25), ("after_ge", 1), ("new_npsn", 24), ("hp_diff", 24),
-                            ("lst", 1), ("last", 24)):
-            setattr(sd, name, Signal(width, name=f"sd_{name}"))
+                            ("lst", 1), ("last", 24)))
         sd_rem_c = Signal(32)
         m.d.comb += sd_rem_c.eq(w.length - s.cur_off)
         sd_rd = Signal()
