@@ -54,9 +54,18 @@ class Bench:
         self.seed = cocotb.RANDOM_SEED
         self.rng = random.Random(self.seed)
         self.log.info("pcie bench: seed %d, pause %.2f", self.seed, self.pause)
-        self.host = SimPcieDevice(dut, mps=256, mrrs=512, rcb_split=True, pause=self.pause)
-        self.rx = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis_rx"), dut.clk, dut.rst)
-        self.tx = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis_tx"), dut.clk, dut.rst)
+        # ``prefix`` "a": the bench runs on NIC A of ``stellar_pcie2`` (the same PcieNic as
+        # ``stellar_pcie_usp``, its ports prefixed ``a_``, in its own clock domain; NIC B's clock
+        # never runs), so it shares the two-host tests' build.
+        prefix = tb_param("prefix", str, "")
+        self.p = f"{prefix}_" if prefix else ""
+        self.host = SimPcieDevice(dut, prefix=prefix, mps=256, mrrs=512, rcb_split=True,
+                                  pause=self.pause)
+        self.clk, self.rst = self.host.clk, self.host.rst
+        self.rx = AxiStreamSource(AxiStreamBus.from_prefix(dut, f"{self.p}s_axis_rx"), self.clk,
+                                  self.rst)
+        self.tx = AxiStreamSink(AxiStreamBus.from_prefix(dut, f"{self.p}m_axis_tx"), self.clk,
+                                self.rst)
         for lg in (self.rx.log, self.tx.log):
             lg.setLevel(logging.WARNING)
         if self.pause:
@@ -71,23 +80,26 @@ class Bench:
 
     async def _watch_mmio(self):
         """Clocks from each CQ request's first beat to its completion's first beat."""
-        dut = self.dut
+        cq_valid, cq_ready, cq_last, cc_valid, cc_ready, cc_last = (
+            getattr(self.dut, f"{self.p}{name}")
+            for name in ("s_axis_cq_tvalid", "s_axis_cq_tready", "s_axis_cq_tlast",
+                         "m_axis_cc_tvalid", "m_axis_cc_tready", "m_axis_cc_tlast"))
         t = 0
         start = None
         cq_first = True
         cc_first = True
         while True:
-            await RisingEdge(dut.clk)
+            await RisingEdge(self.clk)
             t += 1
-            if dut.s_axis_cq_tvalid.value and dut.s_axis_cq_tready.value:
+            if cq_valid.value and cq_ready.value:
                 if cq_first:
                     start = t
-                cq_first = bool(dut.s_axis_cq_tlast.value)
-            if dut.m_axis_cc_tvalid.value and dut.m_axis_cc_tready.value:
+                cq_first = bool(cq_last.value)
+            if cc_valid.value and cc_ready.value:
                 if cc_first and start is not None:
                     self.cc_latency.append(t - start)
                     start = None
-                cc_first = bool(dut.m_axis_cc_tlast.value)
+                cc_first = bool(cc_last.value)
 
     async def reg(self, name):
         return await self.host.read32(REGMAP[name].offset)
@@ -158,7 +170,7 @@ async def wait_for(b, cond, limit, what):
     for _ in range(limit // 16):
         if cond():
             return
-        await ClockCycles(b.dut.clk, 16)
+        await ClockCycles(b.clk, 16)
     raise AssertionError(f"timeout after {limit} clocks waiting for {what}")
 
 
@@ -190,7 +202,7 @@ async def dma(dut):
         await wait_for(b, lambda o=offset, n=length: bytes(buf.view[o:o + n]) == expect[o:o + n],
                        20_000, f"the WRITE at +{offset:#x} to land in host memory")
     # nothing else changed: the B response came after the write TLPs; give them time anyway
-    await ClockCycles(dut.clk, 200)
+    await ClockCycles(b.clk, 200)
     assert host.tobytes() == bytes(expect), "host memory differs outside the written ranges"
     b.log.info("4 RDMA WRITEs landed in host memory, nothing else changed")
 

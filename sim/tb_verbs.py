@@ -70,14 +70,20 @@ class Bench:
         self.rng = random.Random(self.seed)
         self.np_rng = np.random.default_rng(self.seed)
         self.log.info("verbs bench: seed %d, pause %.2f, loss %.3f", self.seed, self.pause, loss)
-        self.host = SimHost(dut, "", mac=MAC, ip=IP, pause=self.pause)
-        sink = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis_tx"), dut.clk, dut.rst)
-        source = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis_rx"), dut.clk, dut.rst)
+        # ``prefix`` "a": host and NIC A of ``stellar_pcie2`` (the same PcieNic as
+        # ``stellar_pcie_usp``, ports prefixed ``a_``, its own clock; NIC B's clock never runs),
+        # so the bench shares the two-host tests' build.
+        prefix = tb_param("prefix", str, "")
+        p = f"{prefix}_" if prefix else ""
+        self.host = SimHost(dut, prefix, mac=MAC, ip=IP, pause=self.pause, name="host")
+        self.clk, rst = self.host.clk, self.host.device.rst
+        sink = AxiStreamSink(AxiStreamBus.from_prefix(dut, f"{p}m_axis_tx"), self.clk, rst)
+        source = AxiStreamSource(AxiStreamBus.from_prefix(dut, f"{p}s_axis_rx"), self.clk, rst)
         for bfm in (sink, source):
             bfm.log.setLevel(logging.WARNING)
         if self.pause:
             source.set_pause_generator(pause_generator(self.pause, name="rx"))
-        self.link = Link(LinkConfig(drop=loss, delay=40), sink, source, dut.clk, name="loop")
+        self.link = Link(LinkConfig(drop=loss, delay=40), sink, source, self.clk, name="loop")
 
     async def start(self):
         await self.host.start(tick_cycles=250)
@@ -103,7 +109,7 @@ class Bench:
                       before_rtr=before_rtr)
 
     async def poll(self, cq, n, timeout_cycles=300_000):
-        return await poll_until(cq, n, self.dut.clk, timeout_cycles)
+        return await poll_until(cq, n, self.clk, timeout_cycles)
 
 
 def sge(mr, offset, length):
