@@ -288,10 +288,15 @@ class Bench(TB):
         self.seed = tb_param("seed", int, cocotb.RANDOM_SEED)
         self.rng = random.Random(self.seed)
         self.log.info("rcmodel bench seed %d (STELLAR_SEED=%d replays it)", self.seed, self.seed)
-        self.width = len(dut.s_axis_rx_tdata)
-        self.nic = SimNic(dut, prefix="", mem_size=MEM_SIZE, pause=pause, seed=self.seed)
-        self.rx = AxiStreamSource(AxiStreamBus.from_prefix(dut, "s_axis_rx"), dut.clk, dut.rst)
-        self.tx = AxiStreamSink(AxiStreamBus.from_prefix(dut, "m_axis_tx"), dut.clk, dut.rst)
+        # ``prefix`` "a": the bench drives core A of ``stellar_nic2`` (the same NicCore as
+        # ``stellar_nic``, its ports prefixed ``a_``; core B's inputs stay idle), so a run can reuse
+        # the pair build of the two-NIC tests instead of building one core on its own.
+        prefix = tb_param("prefix", str, "")
+        p = f"{prefix}_" if prefix else ""
+        self.width = len(getattr(dut, f"{p}s_axis_rx_tdata"))
+        self.nic = SimNic(dut, prefix=prefix, mem_size=MEM_SIZE, pause=pause, seed=self.seed)
+        self.rx = AxiStreamSource(AxiStreamBus.from_prefix(dut, f"{p}s_axis_rx"), dut.clk, dut.rst)
+        self.tx = AxiStreamSink(AxiStreamBus.from_prefix(dut, f"{p}m_axis_tx"), dut.clk, dut.rst)
         n = self.nic
         for log in (self.rx.log, self.tx.log, n.mem.write_if.log, n.mem.read_if.log,
                     n.wr_source.log, n.rr_source.log, n.cq_sink.log):
