@@ -20,6 +20,8 @@ Where things land (all under ``build_root``, default ``build/`` relative to the 
   Verilator and make only redo what changed (a gateware edit that leaves this design's Verilog
   unchanged costs no C++ rebuild), and a file lock keeps two pytest-xdist workers from building
   in the same directory at once.
+- ``build/sim/.objcache/``: Verilator's runtime objects (``verilated*.o``), compiled once and
+  copied into every build (:mod:`stellar.sim.objcache`, through Verilator's ``OBJCACHE`` hook).
 - ``build/sim/<toplevel>/<params_slug>/<run>/``: one run: ``results.xml`` and, on request,
   ``dump.fst`` (``dump.vcd`` when the C++ toolchain lacks lz4, see below). ``<run>`` is the
   pytest test (``test_file.test_name_param``) or, outside pytest, the cocotb module name, so
@@ -48,6 +50,7 @@ import random
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
@@ -224,12 +227,50 @@ def _stage_sources(sources: Sequence[str | os.PathLike], dest: Path) -> list[Pat
     return staged
 
 
-def _make_runner(forced_env: dict[str, str], python_dir: Path | None, waves_file: str):
+_OBJCACHE_SH = """#!/bin/sh
+# Written by stellar.sim.runner: Verilator's OBJCACHE hook. The runtime sources in
+# $VERILATOR_ROOT/include (the source is a compile's last argument) go through the shared object
+# cache (stellar/sim/objcache.py); every other compile runs as it is.
+for last; do :; done
+case "$last" in
+  "$VERILATOR_ROOT"/include/*.cpp) exec {python} -I {script} {cache} "$@" ;;
+esac
+exec "$@"
+"""
+
+
+def _objcache_wrapper(build_root: Path) -> Path:
+    """The ``OBJCACHE`` wrapper for builds under ``build_root`` (written once, atomically): it
+    sends the compiles of Verilator's runtime objects to :mod:`stellar.sim.objcache`, so the
+    models of a suite share one compiled copy of them."""
+    cache = (Path(build_root) / "sim" / ".objcache").resolve()
+    script = Path(__file__).resolve().with_name("objcache.py")
+    text = _OBJCACHE_SH.format(python=sys.executable, script=script, cache=cache)
+    wrapper = cache / "cxx-wrapper.sh"
+    if not wrapper.is_file() or wrapper.read_text() != text:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = wrapper.with_name(f".{wrapper.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, wrapper)
+    return wrapper
+
+
+def _make_runner(forced_env: dict[str, str], python_dir: Path | None, waves_file: str,
+                 objcache: Path | None = None):
     from cocotb_tools import runner as cocotb_runner
 
     cocotb_runner.MAX_PARALLEL_BUILD_JOBS = _build_jobs()
 
     class StellarVerilator(cocotb_runner.Verilator):
+        # make takes a variable definition in MAKEFLAGS as a command-line override: the object
+        # cache wrapper for this build only (paths without spaces, see run_cocotb).
+        def _set_env_build(self) -> None:
+            super()._set_env_build()
+            if objcache is not None:
+                flags = self.env.get("MAKEFLAGS", "")
+                self.env["MAKEFLAGS"] = f"{flags} OBJCACHE={objcache}".strip()
+
         # cocotb's runner builds the simulator environment as extra_env, then os.environ over it,
         # then PYTHONPATH = our sys.path. Re-apply what the caller passed explicitly so it wins,
         # and add the directory of a test module given by path.
@@ -315,7 +356,12 @@ def run_cocotb(*, toplevel: str, verilog_sources: Sequence[str | os.PathLike],
         for stale in ("dump.fst", "dump.vcd"):
             (run_dir / stale).unlink(missing_ok=True)
 
-    runner = _make_runner(forced_env, python_dir, waves_file)
+    # Verilator's runtime objects come from the cache shared by all builds under build_root
+    # (stellar.sim.objcache); skipped when a path has a space, which MAKEFLAGS cannot carry.
+    objcache = _objcache_wrapper(Path(build_root))
+    if " " in f"{objcache}{sys.executable}{Path(__file__).resolve()}":
+        objcache = None
+    runner = _make_runner(forced_env, python_dir, waves_file, objcache)
     print(f"[stellar.sim] {toplevel} ({params_slug}) <- {module}: build {build_dir}, run {run_dir}, "
           f"seed {seed} (reproduce with COCOTB_RANDOM_SEED={seed})"
           + (f", waves {run_dir / waves_file}" if waves_file else ""), flush=True)
