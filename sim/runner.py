@@ -69,6 +69,12 @@ TB_ENV_PREFIX = "STELLAR_TB_"
 # --x-assign/--x-initial override is needed.
 VERILATOR_FLAGS = ("-Wno-fatal",)
 
+# The C++ optimization of the model's eval code (Verilator's OPT_FAST, default -Os). The C++
+# compile is the largest part of a model build; at -O1 it takes about 27 % less CPU (stellar_nic2
+# at 64 bits: 95.8 -> 69.4 CPU-s) while the simulations run as fast. Constructors and other
+# run-once code (OPT_SLOW) stay at the compiler's default -O0.
+OPT_FAST = "-O1"
+
 # cocotb's Verilator runner passes --public-flat-rw, which makes every signal of every module
 # public: Verilator may then neither inline nor drop any of them, so the C++ doubles in size
 # (stellar_nic2 at 64 bits: 69 MB of C++ instead of 35 MB) and compiles and runs slower. The
@@ -267,9 +273,10 @@ def _make_runner(forced_env: dict[str, str], python_dir: Path | None, waves_file
         # cache wrapper for this build only (paths without spaces, see run_cocotb).
         def _set_env_build(self) -> None:
             super()._set_env_build()
+            flags = [self.env.get("MAKEFLAGS", ""), f"OPT_FAST={OPT_FAST}"]
             if objcache is not None:
-                flags = self.env.get("MAKEFLAGS", "")
-                self.env["MAKEFLAGS"] = f"{flags} OBJCACHE={objcache}".strip()
+                flags.append(f"OBJCACHE={objcache}")
+            self.env["MAKEFLAGS"] = " ".join(f for f in flags if f)
 
         # cocotb's runner builds the simulator environment as extra_env, then os.environ over it,
         # then PYTHONPATH = our sys.path. Re-apply what the caller passed explicitly so it wins,
