@@ -21,8 +21,10 @@ check, decide) and 2 per entry it flushes on a fatal error; a response to a requ
 2 more before it is acted on (RX_CHK1/RX_CHK2: its checks, and everything derived from the una it
 leaves, are registered from the QP state, the WQE and the packet). The QP state word the deciding
 clock computes is written to ``qs`` one clock later, in the IDLE clock that always follows, so the
-next event's load reads it. Packets of 4 KiB carry 64 beats at 512 bits, so the machine has time
-to spare at line rate.
+next event's load reads it. A decision that needs room in ``pdq``, the mover queue or the
+invalidation queue checks a registered copy of the room, one clock old: when it waits for a full
+queue to drain, it goes one clock after the queue has room. Packets of 4 KiB carry 64 beats at
+512 bits, so the machine has time to spare at line rate.
 
 Semantics (PSNs 24-bit, compared modulo 2**24; ``n`` = packets of a message = max(1, ceil(L/mtu))):
 
@@ -350,7 +352,9 @@ class RcTransport(wiring.Component):
         # requester's hands, so a go-back-N rewind waits for it to go out first. Two packets of
         # look-ahead keep the wire busy at 512 bits; more only lengthen loss recovery.
         m.submodules.txq = txq = SyncFIFOBuffered(width=tx_desc_layout(IB).size, depth=2)
-        m.submodules.pdq = pdq = SyncFIFOBuffered(width=pd_l.size, depth=16)
+        # (17: 16 entries in its LUT RAM plus the output register; the machine fills it to 16,
+        # see pdq_room)
+        m.submodules.pdq = pdq = SyncFIFOBuffered(width=pd_l.size, depth=17)
         m.submodules.mvq = mvq = SyncFIFOBuffered(width=1 + 64 + 16, depth=16)
         m.submodules.errq = errq = SyncFIFOBuffered(width=IB, depth=4)
         inv_l = data.StructLayout({"key": 32, "tenant": 8, "pd": 16})
@@ -508,9 +512,20 @@ class RcTransport(wiring.Component):
         pde = Signal(pd_l)
         pd_push = Signal()
         # registered: the entry enters pdq one clock after the deciding state. Only the machine
-        # writes pdq and no state that pushes directly follows another that does, so the room
-        # (w_rdy) a state checks is still there when its entry lands.
+        # writes pdq and no state that pushes directly follows another that does.
         m.d.sync += [pdq.w_data.eq(pde), pdq.w_en.eq(pd_push)]
+        # The room of pdq, mvq and invq the deciding states check is registered: it is the room
+        # of the clock before, so a decision that waits for room goes one clock after the queue
+        # drained. pdq: the entry a state pushes lands a clock later, by which time the entry
+        # of a state two clocks before (FLUSH -> FLUSH_LD -> FLUSH) has landed too: the room
+        # counts it (w_level + w_en), and keeps 16 entries in use at most. mvq and invq are
+        # written in the deciding clock, and a state that writes one never follows a state that
+        # does, so their w_rdy of the clock before is still true.
+        pdq_room = Signal()
+        mvq_room = Signal()
+        invq_room = Signal()
+        m.d.sync += [pdq_room.eq((pdq.w_level + pdq.w_en) < 16),
+                     mvq_room.eq(mvq.w_rdy), invq_room.eq(invq.w_rdy)]
         mve = Signal(mv.shape())
         mv_push = Signal()
         m.d.comb += [mvq.w_data.eq(mve), mvq.w_en.eq(mv_push)]
@@ -531,19 +546,25 @@ class RcTransport(wiring.Component):
                     cq.wr_id.eq(wqe.wr_id),
                     cq.byte_len.eq(Mux(wqe.opcode == WrOpcode.RDMA_READ, wqe.length, 0))]
 
+        # registered from c (loaded in GOT): valid from CHK1 on, before any state or check
+        # stage uses them
         mtu_shift = Signal(4)      # of the QP at hand (requester: txc copy)
-        m.d.comb += mtu_shift.eq(c.pmtu + 7)
+        m.d.sync += mtu_shift.eq(c.pmtu + 7)
         mtu = Signal(14)
-        m.d.comb += mtu.eq(1 << mtu_shift)
+        m.d.sync += mtu.eq(1 << (c.pmtu + 7)[:4])
 
         def npkts(length, shift):
             """max(1, ceil(length / 2**shift)) for shift 8..12."""
-            n = Signal(32, name="npkts")
+            # ceil(length / 2**sh) = ((length - 1) >> sh) + 1 for length >= 1; a shift out of
+            # range (no case) gives 1 as before
+            q = Signal(32, name="npkts_q")
+            lm1 = Signal(32, name="npkts_lm1")
+            m.d.comb += lm1.eq(length - 1)
             with m.Switch(shift):
                 for sh in range(8, 13):
                     with m.Case(sh):
-                        m.d.comb += n.eq((length + (1 << sh) - 1) >> sh)
-            return Mux(n == 0, 1, n)
+                        m.d.comb += q.eq(lm1 >> sh)
+            return Mux(length == 0, 1, q + 1)
 
         outstanding = Signal(24)
         m.d.comb += outstanding.eq(s.npsn - s.una)
@@ -751,6 +772,19 @@ class RcTransport(wiring.Component):
                                           slot_rd.data.sq_tail), qp))
         m.d.sync += rq_ra.eq(Cat(slot_rd.data.rq_tail, qp))     # used only in GOT
 
+        # The context write-back to the store and the inline-data write: payload, address and
+        # data in every clock (only POST writes sqd; only an accepted request writes back); only
+        # wb.valid / sqd_wr.en wait for the decision. wb.valid comes in the clock rx_meta is
+        # taken, with the packet's own context (ictx) and the epsn/msn it leaves.
+        m.d.comb += [
+            self.wb.payload.index.eq(qp),
+            self.wb.payload.ctx.eq(ictx),
+            self.wb.payload.ctx.epsn.eq(rsp_epsn),     # psn + (READ: read_n, else 1)
+            self.wb.payload.ctx.msn.eq(new_msn),
+            sqd_wr.addr.eq(Cat(s.sq_head[:SQB], qp)),
+            sqd_wr.data.eq(wrq.inline_data),
+        ]
+
         def write_state(ns):
             return [qs_w.eq(ns), qs_we.eq(1)]
 
@@ -767,17 +801,29 @@ class RcTransport(wiring.Component):
         # AFTER_RX after RX_CHK1/RX_CHK2, where none of them changes). una after the response
         # is one of two values: s.una, or psn + 1 (an accepted READ response): everything
         # AFTER_RX derives from it is computed for both and selected there.
+        # rc.off, rem, lastpkt and maddr depend only on the packet, w and c, which hold still
+        # from the WQE's load on (EVAL or WALK_LD, at least three clocks before AFTER_RX): they
+        # may take three stages.
         rc = _regs("rc", (("off", 32), ("rem", 32), ("offnz", 1), ("at_una", 1), ("psn1", 24),
-                            ("moved_a", 1), ("moved_b", 1), ("ahead_a", 24), ("ahead_b", 24),
+                            ("moved_a", 1), ("moved_b", 1), ("past_a", 1), ("past_b", 1),
                             ("cur_off_a", 32), ("cur_off_b", 32), ("idle_a", 1), ("idle_b", 1),
-                            ("plen_rem", 1), ("plen_mtu", 1)))
+                            ("plen_rem", 1), ("plen_mtu", 1), ("lastpkt", 1), ("maddr", 64),
+                            ("cur_ne", 1), ("tail_ne", 1), ("tail1_ne", 1)))
+        ahead_a = Signal(24)        # s.una - s.npsn
+        m.d.comb += ahead_a.eq(s.una - s.npsn)
+        ahead_b = Signal(24)        # psn + 1 - s.npsn
+        m.d.comb += ahead_b.eq(psn + 1 - s.npsn)
         m.d.sync += [
             # stage 1
             rc.off.eq(((psn - w.first_psn)[:24] << mtu_shift)[:32]),
             rc.at_una.eq(psn == s.una),
             rc.psn1.eq(psn + 1),
             rc.moved_a.eq(s.una != una0),
-            rc.ahead_a.eq(s.una - s.npsn),
+            rc.past_a.eq((ahead_a != 0) & ~ahead_a[23]),    # una acknowledged past npsn
+            rc.past_b.eq((ahead_b != 0) & ~ahead_b[23]),    # psn + 1 past npsn
+            rc.cur_ne.eq(s.sq_cur != s.sq_head),            # the "more work" tests
+            rc.tail_ne.eq(s.sq_tail != s.sq_head),
+            rc.tail1_ne.eq((s.sq_tail + 1)[:len(s.sq_tail)] != s.sq_head),
             rc.cur_off_a.eq(((s.una - w.first_psn)[:24] << mtu_shift)[:32]),
             rc.idle_a.eq(s.una == s.npsn),
             rc.plen_mtu.eq(plen == mtu),
@@ -785,17 +831,19 @@ class RcTransport(wiring.Component):
             rc.rem.eq(w.length - rc.off),
             rc.offnz.eq(rc.off != 0),
             rc.moved_b.eq(rc.psn1 != una0),
-            rc.ahead_b.eq(rc.psn1 - s.npsn),
             rc.cur_off_b.eq(((rc.psn1 - w.first_psn)[:24] << mtu_shift)[:32]),
             rc.idle_b.eq(rc.psn1 == s.npsn),
             rc.plen_rem.eq(plen == w.length - rc.off),
+            # stage 3 (packet, w and c only)
+            rc.lastpkt.eq(rc.rem <= mtu),
+            rc.maddr.eq(w.laddr + rc.off),
         ]
 
         # --- SEND: registered every clock from s, w and c (valid in DO after CHK1/CHK2)
         sd = _regs("sd", (("can", 1), ("rem", 32), ("f", 1), ("rd_n", 24), ("out", 24),
                             ("va", 64), ("addr", 64), ("off_mtu", 32), ("mark", 1),
                             ("after", 25), ("after_ge", 1), ("new_npsn", 24), ("hp_diff", 24),
-                            ("lst", 1), ("last", 24)))
+                            ("lst", 1), ("last", 24), ("cur_ne", 1), ("cur1_ne", 1)))
         sd_rem_c = Signal(32)
         m.d.comb += sd_rem_c.eq(w.length - s.cur_off)
         sd_rd = Signal()
@@ -816,6 +864,8 @@ class RcTransport(wiring.Component):
             sd.addr.eq(w.laddr + s.cur_off),
             sd.off_mtu.eq(s.cur_off + mtu),
             sd.mark.eq((s.npsn[:16] & sd_mask) == sd_mask),
+            sd.cur_ne.eq(s.sq_cur != s.sq_head),            # the "more work" tests
+            sd.cur1_ne.eq((s.sq_cur + 1)[:len(s.sq_cur)] != s.sq_head),
             # stage 2
             sd.lst.eq(sd_rd | (sd.rem <= mtu)),
             sd.after.eq(sd.out + sd_consumed),
@@ -824,6 +874,22 @@ class RcTransport(wiring.Component):
             sd.hp_diff.eq(s.npsn + sd_consumed - s.hpsn),
             sd.last.eq(s.npsn + sd.rd_n - 1),    # the WQE's last PSN (first packet: rem = length)
         ]
+
+        # --- POST: the work request's status, registered every clock from s, c and wr (valid
+        # in DO after CHK1)
+        po_known = Signal()
+        with m.Switch(wrq.opcode):
+            with m.Case(*[int(o) for o in WrOpcode]):
+                m.d.comb += po_known.eq(1)
+        po_status = Signal(5)
+        with m.If(s.err | (c.state == QpState.ERROR)):
+            m.d.sync += po_status.eq(WcStatus.WR_FLUSH_ERR)
+        with m.Elif((c.state != QpState.RTS) | ~po_known | (sq_used == SQ)):
+            m.d.sync += po_status.eq(WcStatus.LOC_QP_OP_ERR)
+        with m.Elif(wrq.inline & (wrq.length > INLINE_MAX)):
+            m.d.sync += po_status.eq(WcStatus.LOC_LEN_ERR)
+        with m.Else():
+            m.d.sync += po_status.eq(WcStatus.SUCCESS)
 
         m.d.sync += sq_ra.eq(Cat((s.sq_tail + 1)[:SQB], qp))    # LOAD overrides (below)
         prefer_rx = Signal()
@@ -912,7 +978,7 @@ class RcTransport(wiring.Component):
                     # ------------------------------------------------ received packet
                     with m.Case(_Ev.RX):
                         with m.If(is_req & ann.roce):
-                            with m.If(pdq.w_rdy & mvq.w_rdy & invq.w_rdy):
+                            with m.If(pdq_room & mvq_room & invq_room):
                                 m.d.comb += [rx_take.eq(1), mv_push.eq(1), *write_state(ns),
                                              pde.wtag.eq(wtag_now)]
                                 self._respond(m, ns, pde, pd_push, mve, locals())
@@ -922,7 +988,7 @@ class RcTransport(wiring.Component):
                             m.d.sync += una0.eq(s.una)
                             m.next = "WALK"
                         with m.Else():
-                            with m.If(mvq.w_rdy):
+                            with m.If(mvq_room):
                                 m.d.comb += [rx_take.eq(1), mv_push.eq(1), mve.write.eq(0)]
                                 with m.If(is_resp & ann.roce):
                                     m.d.comb += csr.rx_stale_inc.eq(1)
@@ -979,7 +1045,7 @@ class RcTransport(wiring.Component):
                                 self.rr.ready.eq(1),
                             ]
                             m.next = "IDLE"
-                        with m.Elif(pdq.w_rdy):
+                        with m.Elif(pdq_room):
                             m.d.comb += [
                                 pd_push.eq(1), pde.wtag.eq(wtag_now), pde.has_cqe.eq(1),
                                 pde.cqe.qp.eq(qp), pde.cqe.is_recv.eq(1),
@@ -1009,7 +1075,7 @@ class RcTransport(wiring.Component):
                     m.d.sync += after.eq(Mux((op == O.ACKNOWLEDGE) & ~s.lost_rd, A_LOSTREAD, A_NONE))
                     m.next = "RX_CHK1"
                 with m.Elif(covered):
-                    with m.If(pdq.w_rdy):
+                    with m.If(pdq_room):
                         m.d.comb += [pd_push.eq(w.signaled), pde.wtag.eq(wtag_now),
                                      pde.has_cqe.eq(1), *cqe_for_wqe(pde.cqe, w, WcStatus.SUCCESS),
                                      self.sq_retire.valid.eq(1)]
@@ -1097,7 +1163,7 @@ class RcTransport(wiring.Component):
                             *disarm_timer(1),
                         ]
                         m.next = "IDLE"
-                with m.Elif(pdq.w_rdy):
+                with m.Elif(pdq_room):
                     m.d.comb += [pd_push.eq(1), pde.wtag.eq(wtag_now), pde.has_cqe.eq(1),
                                  *cqe_for_wqe(pde.cqe, w, Mux(flushing, WcStatus.WR_FLUSH_ERR,
                                                              fatal_status)),
@@ -1164,11 +1230,7 @@ class RcTransport(wiring.Component):
         psn, plen = v.psn, v.plen
         m.d.comb += [
             csr.rx_requests_inc.eq(1),
-            self.wb.valid.eq(1),
-            self.wb.payload.index.eq(v.qp),
-            self.wb.payload.ctx.eq(ictx),
-            self.wb.payload.ctx.epsn.eq(v.rsp_epsn),     # psn + (READ: read_n, else 1)
-            self.wb.payload.ctx.msn.eq(v.new_msn),
+            self.wb.valid.eq(1),        # (its payload is driven in every clock, in elaborate)
             ns.nak_sent.eq(0),
         ]
         with m.If(v.first):
@@ -1299,25 +1361,16 @@ class RcTransport(wiring.Component):
                 ns.sq_cur.eq(Mux(lst, s.sq_cur + 1, s.sq_cur)),
             ]
             more = Signal()
-            m.d.comb += more.eq((ns.sq_cur != s.sq_head) & ~sd.after_ge)   # after_out < window
+            # ns.sq_cur != s.sq_head and after_out < window
+            m.d.comb += more.eq(Mux(lst, sd.cur1_ne, sd.cur_ne) & ~sd.after_ge)
             m.d.comb += [v.sched_push.eq(more), ns.queued.eq(more), *v.write_state(ns)]
             m.next = "IDLE"
 
     def _post(self, m, ns, env):
         """A work request for the send queue (DO state of a POST event)."""
         v = SimpleNamespace(**env)
-        s, c, wrq = v.s, v.c, v.wrq
-        known = Signal()
-        with m.Switch(wrq.opcode):
-            with m.Case(*[int(o) for o in WrOpcode]):
-                m.d.comb += known.eq(1)
-        status = Signal(5)
-        with m.If(s.err | (c.state == QpState.ERROR)):
-            m.d.comb += status.eq(WcStatus.WR_FLUSH_ERR)
-        with m.Elif((c.state != QpState.RTS) | ~known | (v.sq_used == self.sq_depth)):
-            m.d.comb += status.eq(WcStatus.LOC_QP_OP_ERR)
-        with m.Elif(wrq.inline & (wrq.length > INLINE_MAX)):
-            m.d.comb += status.eq(WcStatus.LOC_LEN_ERR)
+        s, wrq = v.s, v.wrq
+        status = v.po_status        # registered (s, c and the request hold still)
         with m.If(status == WcStatus.SUCCESS):
             wq = Signal(v.wqe_l)
             m.d.comb += [
@@ -1325,14 +1378,13 @@ class RcTransport(wiring.Component):
                 wq.wr_id.eq(wrq.wr_id), wq.laddr.eq(wrq.laddr), wq.length.eq(wrq.length),
                 wq.raddr.eq(wrq.raddr), wq.rkey.eq(wrq.rkey), wq.imm.eq(wrq.imm),
                 v.sq_wr.en.eq(1), v.sq_wr.addr.eq(Cat(s.sq_head[:v.SQB], v.qp)), v.sq_wr.data.eq(wq),
-                v.sqd_wr.en.eq(1), v.sqd_wr.addr.eq(Cat(s.sq_head[:v.SQB], v.qp)),
-                v.sqd_wr.data.eq(wrq.inline_data),
+                v.sqd_wr.en.eq(1),      # (address and data driven in every clock)
                 ns.sq_head.eq(s.sq_head + 1), ns.queued.eq(1), v.sched_push.eq(~s.queued),
                 *v.write_state(ns),
                 self.wr.ready.eq(1),
             ]
             m.next = "IDLE"
-        with m.Elif(v.pdq.w_rdy):
+        with m.Elif(v.pdq_room):
             wq = Signal(v.wqe_l)
             m.d.comb += [wq.opcode.eq(wrq.opcode), wq.wr_id.eq(wrq.wr_id), wq.length.eq(wrq.length)]
             m.d.comb += [v.pd_push.eq(1), v.pde.wtag.eq(v.wtag_now), v.pde.has_cqe.eq(1),
@@ -1345,12 +1397,13 @@ class RcTransport(wiring.Component):
         v = SimpleNamespace(**env)
         csr, s, c, w, rc = self.csr, v.s, v.c, v.w, v.rc
         plen, op = v.plen, v.op
-        with m.If(v.pdq.w_rdy & v.mvq.w_rdy):
+        with m.If(v.pdq_room & v.mvq_room):
             ns = Signal(v.qs_l, name="ns_resp")
             m.d.comb += [ns.eq(s), v.rx_take.eq(1), v.mv_push.eq(1), v.mve.write.eq(0)]
             at_una = Signal()
             m.d.comb += at_una.eq(rc.at_una)
             una_b = Signal()        # ns.una = psn + 1 (an accepted READ response), else s.una
+            tail_inc = Signal()     # ns.sq_tail = s.sq_tail + 1 (that READ completed)
             done = Signal()         # write ns and finish (no rewind / fatal)
             m.d.comb += done.eq(1)
             # a walk that completed WQEs is progress: the retry budget starts afresh
@@ -1399,10 +1452,8 @@ class RcTransport(wiring.Component):
                     m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0)]
                 with m.Case(v.A_READ):
                     # READ response at una for the oldest WQE, a READ, in position
-                    off = rc.off            # ((psn - first_psn) << mtu_shift), registered
-                    rem = rc.rem            # w.length - off, registered
-                    lastpkt = Signal()
-                    m.d.comb += lastpkt.eq(rem <= v.mtu)
+                    lastpkt = Signal()      # w.length - ((psn - first_psn) << mtu_shift) <= mtu
+                    m.d.comb += lastpkt.eq(rc.lastpkt)
                     # Position: the last bytes come as LAST/ONLY, others as FIRST/MIDDLE, the
                     # first byte as FIRST/ONLY; after a re-request from the middle of a READ the
                     # responder starts over with FIRST/ONLY, so those are accepted anywhere.
@@ -1412,17 +1463,18 @@ class RcTransport(wiring.Component):
                     m.d.comb += pos_ok.eq((ends == lastpkt) & (rc.offnz | starts))
                     ok = Signal()
                     m.d.comb += ok.eq(at_una & (w.opcode == WrOpcode.RDMA_READ) & v.sent_any
-                                      & (s.sq_tail != s.sq_head) & pos_ok
+                                      & rc.tail_ne & pos_ok
                                       & Mux(lastpkt, rc.plen_rem, rc.plen_mtu))
                     with m.If(ok):
                         m.d.comb += [
                             csr.rx_acks_inc.eq(1),
-                            v.mve.write.eq(plen != 0), v.mve.addr.eq(w.laddr + off), v.mve.len.eq(plen),
+                            v.mve.write.eq(plen != 0), v.mve.addr.eq(rc.maddr), v.mve.len.eq(plen),
                             ns.una.eq(rc.psn1), una_b.eq(1),
                             ns.retry_left.eq(c.retry_cnt), ns.rnr_left.eq(c.rnr_retry),
                         ]
                         with m.If(lastpkt):
-                            m.d.comb += [ns.sq_tail.eq(s.sq_tail + 1), self.sq_retire.valid.eq(1),
+                            m.d.comb += [ns.sq_tail.eq(s.sq_tail + 1), tail_inc.eq(1),
+                                         self.sq_retire.valid.eq(1),
                                          v.pd_push.eq(w.signaled), v.pde.wtag.eq(v.wtag_now),
                                          v.pde.has_cqe.eq(1),
                                          *v.cqe_for_wqe(v.pde.cqe, w, WcStatus.SUCCESS)]
@@ -1445,18 +1497,19 @@ class RcTransport(wiring.Component):
                             m.d.comb += v.disarm_timer(1)
                         with m.Else():
                             m.d.comb += v.arm_timer(1)
-                ahead_np = Signal(24)
-                m.d.comb += ahead_np.eq(Mux(una_b, rc.ahead_b, rc.ahead_a))     # ns.una - s.npsn
-                with m.If((ahead_np != 0) & ~ahead_np[23]):
+                past = Signal()     # ns.una - s.npsn > 0 (registered for both values of ns.una)
+                m.d.comb += past.eq(Mux(una_b, rc.past_b, rc.past_a))
+                with m.If(past):
                     # acknowledged past the send pointer (ACKs of packets sent before a rewind)
                     m.d.comb += [
                         ns.npsn.eq(ns.una), ns.sq_cur.eq(ns.sq_tail),
                         # ((ns.una - w.first_psn) << mtu_shift)
-                        ns.cur_off.eq(Mux(w.sent & (ns.sq_tail == s.sq_tail),
+                        ns.cur_off.eq(Mux(w.sent & ~tail_inc,
                                           Mux(una_b, rc.cur_off_b, rc.cur_off_a), 0)),
                     ]
-                work = Signal()
-                m.d.comb += work.eq((ns.sq_cur != s.sq_head) & ~ns.rnr_wait)
+                work = Signal()     # ns.sq_cur != s.sq_head, from the registered tests
+                m.d.comb += work.eq(Mux(past, Mux(tail_inc, rc.tail1_ne, rc.tail_ne), rc.cur_ne)
+                                    & ~ns.rnr_wait)
                 with m.If(work & ~s.queued):
                     m.d.comb += [ns.queued.eq(1), v.sched_push.eq(1)]
                 m.d.comb += v.write_state(ns)
