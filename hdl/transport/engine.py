@@ -23,7 +23,9 @@ leaves, are registered from the QP state, the WQE and the packet). The QP state 
 clock computes is written to ``qs`` one clock later, in the IDLE clock that always follows, so the
 next event's load reads it. A decision that needs room in ``pdq``, the mover queue or the
 invalidation queue checks a registered copy of the room, one clock old: when it waits for a full
-queue to drain, it goes one clock after the queue has room. Packets of 4 KiB carry 64 beats at
+queue to drain, it goes one clock after the queue has room. A request packet waits for that room
+in CHK2, a response in RX_CHK2 (the clock before the decision), the others where they decide.
+Packets of 4 KiB carry 64 beats at
 512 bits, so the machine has time to spare at line rate.
 
 Semantics (PSNs 24-bit, compared modulo 2**24; ``n`` = packets of a message = max(1, ceil(L/mtu))):
@@ -749,9 +751,24 @@ class RcTransport(wiring.Component):
         # The state write is registered: qs_mem takes it one clock after the deciding state, in
         # the IDLE clock that always follows; the next event's LOAD addresses qs_mem after that,
         # so it reads the new word (no forwarding needed).
+        # The word written comes from one of four sources, selected by a register (qs_src) the
+        # clock before the deciding state: the DO state's ns, AFTER_RX's ns_resp, and ns_af
+        # (AFTER's rewind, FLUSH's fatal end). The deciding states only raise qs_we.
         qs_w = Signal(qs_l)
         qs_we = Signal()
         m.d.sync += [qs_wr.addr.eq(qp), qs_wr.data.eq(qs_w), qs_wr.en.eq(qs_we)]
+        SRC_DO, SRC_RESP, SRC_REWIND, SRC_FATAL = range(4)
+        qs_src = Signal(2)
+        ns_do = Signal(qs_l, name="ns")
+        ns_resp = Signal(qs_l, name="ns_resp")
+        ns_af = Signal(qs_l, name="ns_af")
+        with m.Switch(qs_src):
+            with m.Case(SRC_DO):
+                m.d.comb += qs_w.eq(ns_do)
+            with m.Case(SRC_RESP):
+                m.d.comb += qs_w.eq(ns_resp)
+            with m.Default():
+                m.d.comb += qs_w.eq(ns_af)
 
         # --- slot shadow: the sq_cur, sq_tail and rq_tail slots of every QP, in a small RAM read
         # without a clock, written with (and like) qs. LOAD reads the event's QP from it and
@@ -776,6 +793,7 @@ class RcTransport(wiring.Component):
         # data in every clock (only POST writes sqd; only an accepted request writes back); only
         # wb.valid / sqd_wr.en wait for the decision. wb.valid comes in the clock rx_meta is
         # taken, with the packet's own context (ictx) and the epsn/msn it leaves.
+        m.d.comb += [ns_do.eq(s), ns_resp.eq(s)]     # (the states change some fields)
         m.d.comb += [
             self.wb.payload.index.eq(qp),
             self.wb.payload.ctx.eq(ictx),
@@ -786,7 +804,8 @@ class RcTransport(wiring.Component):
         ]
 
         def write_state(ns):
-            return [qs_w.eq(ns), qs_we.eq(1)]
+            """Write ns (the source qs_src selects: the caller's own) to qs."""
+            return [qs_we.eq(1)]
 
         def pd_ack(psn_v, syndrome, msn_v):
             return [pde.has_tx.eq(1), pde.is_read.eq(0), pde.qp.eq(qp), pde.psn.eq(psn_v),
@@ -875,6 +894,24 @@ class RcTransport(wiring.Component):
             sd.last.eq(s.npsn + sd.rd_n - 1),    # the WQE's last PSN (first packet: rem = length)
         ]
 
+        # ns_af: AFTER's go-back-N rewind (npsn = una, sq_cur = sq_tail, cur_off of una in the
+        # oldest WQE, queued) or FLUSH's end (err, sq_cur = sq_head = sq_tail there, cur_off 0,
+        # npsn = una, rnr_wait cleared). sq_tail == sq_head and the offset are registered (rc_*:
+        # s and w hold still from the clock before AFTER; FLUSH writes only when they are equal)
+        fatal_end = Signal()
+        m.d.comb += fatal_end.eq(qs_src == SRC_FATAL)
+        m.d.comb += [
+            ns_af.eq(s),
+            ns_af.npsn.eq(s.una),
+            ns_af.sq_cur.eq(s.sq_tail),
+            # (an oldest WQE never sent, e.g. posted during an RNR wait after everything before
+            # it was acknowledged, starts from its beginning)
+            ns_af.cur_off.eq(Mux(~rc.tail_ne | ~w.sent, 0, rc.cur_off_a)),
+            ns_af.queued.eq(s.queued | ~fatal_end),
+            ns_af.err.eq(s.err | fatal_end),
+            ns_af.rnr_wait.eq(s.rnr_wait & ~fatal_end),
+        ]
+
         # --- POST: the work request's status, registered every clock from s, c and wr (valid
         # in DO after CHK1)
         po_known = Signal()
@@ -943,11 +980,15 @@ class RcTransport(wiring.Component):
             with m.State("CHK1"):
                 m.next = "CHK2"
             with m.State("CHK2"):
-                m.next = "DO"
+                m.d.sync += qs_src.eq(Mux(ev == _Ev.TIMEOUT, SRC_REWIND, SRC_DO))
+                # a request packet waits here for room in pdq, mvq and invq (registered: DO
+                # pushes a clock later, and neither CHK1 nor CHK2 pushes)
+                with m.If((ev != _Ev.RX) | ~(is_req & ann.roce)
+                          | (pdq_room & mvq_room & invq_room)):
+                    m.next = "DO"
 
             with m.State("DO"):
-                ns = Signal(qs_l)
-                m.d.comb += ns.eq(s)
+                ns = ns_do
                 with m.Switch(ev):
                     # ------------------------------------------------ host wrote the context
                     with m.Case(_Ev.INIT):
@@ -978,11 +1019,11 @@ class RcTransport(wiring.Component):
                     # ------------------------------------------------ received packet
                     with m.Case(_Ev.RX):
                         with m.If(is_req & ann.roce):
-                            with m.If(pdq_room & mvq_room & invq_room):
-                                m.d.comb += [rx_take.eq(1), mv_push.eq(1), *write_state(ns),
-                                             pde.wtag.eq(wtag_now)]
-                                self._respond(m, ns, pde, pd_push, mve, locals())
-                                m.next = "IDLE"
+                            # (pdq, mvq and invq have room: checked in CHK2)
+                            m.d.comb += [rx_take.eq(1), mv_push.eq(1), *write_state(ns),
+                                         pde.wtag.eq(wtag_now)]
+                            self._respond(m, ns, pde, pd_push, mve, locals())
+                            m.next = "IDLE"
                         with m.Elif(is_resp & ann.roce & (c.state == QpState.RTS) & ~s.err
                                     & resp_valid & syn_known):
                             m.d.sync += una0.eq(s.una)
@@ -1125,27 +1166,22 @@ class RcTransport(wiring.Component):
             with m.State("RX_CHK1"):
                 m.next = "RX_CHK2"
             with m.State("RX_CHK2"):
-                m.next = "AFTER_RX"
+                m.d.sync += qs_src.eq(SRC_RESP)
+                # AFTER_RX pushes pdq and mvq: wait here for room (registered, as in CHK2)
+                with m.If(pdq_room & mvq_room):
+                    m.next = "AFTER_RX"
             with m.State("AFTER_RX"):
                 self._after_rx(m, locals())
 
             # ---------------------------------------------------- rewind or fatal
             with m.State("AFTER"):
                 with m.If(after == A_FATAL):
+                    m.d.sync += qs_src.eq(SRC_FATAL)
                     m.next = "FLUSH"
                 with m.Else():
-                    # go-back-N: resend from una; w = the oldest WQE (holds una)
-                    ns = Signal(qs_l, name="ns_rewind")
+                    # go-back-N: resend from una; w = the oldest WQE (holds una); ns_af
                     m.d.comb += [
-                        ns.eq(s),
-                        ns.npsn.eq(s.una),
-                        ns.sq_cur.eq(s.sq_tail),
-                        # (an oldest WQE never sent, e.g. posted during an RNR wait after
-                        # everything before it was acknowledged, starts from its beginning)
-                        ns.cur_off.eq(Mux((s.sq_tail == s.sq_head) | ~w.sent, 0,
-                                          ((s.una - w.first_psn)[:24] << mtu_shift)[:32])),
-                        ns.queued.eq(1),
-                        *write_state(ns),
+                        *write_state(ns_af),
                         sched_push.eq(~s.queued),
                         csr.retransmits_inc.eq(1),
                     ]
@@ -1153,12 +1189,10 @@ class RcTransport(wiring.Component):
 
             with m.State("FLUSH"):
                 # w = the WQE at sq_tail: the failing one first, then the rest (WR_FLUSH_ERR)
-                with m.If(s.sq_tail == s.sq_head):
+                with m.If(~rc.tail_ne):     # sq_tail == sq_head (registered, s holds still)
                     with m.If(errq.w_rdy):
-                        ns = Signal(qs_l, name="ns_fatal")
                         m.d.comb += [
-                            ns.eq(s), ns.err.eq(1), ns.sq_cur.eq(s.sq_head), ns.cur_off.eq(0),
-                            ns.npsn.eq(s.una), ns.rnr_wait.eq(0), *write_state(ns),
+                            *write_state(ns_af),
                             errq.w_en.eq(1), errq.w_data.eq(qp), csr.qp_errors_inc.eq(1),
                             *disarm_timer(1),
                         ]
@@ -1397,123 +1431,123 @@ class RcTransport(wiring.Component):
         v = SimpleNamespace(**env)
         csr, s, c, w, rc = self.csr, v.s, v.c, v.w, v.rc
         plen, op = v.plen, v.op
-        with m.If(v.pdq_room & v.mvq_room):
-            ns = Signal(v.qs_l, name="ns_resp")
-            m.d.comb += [ns.eq(s), v.rx_take.eq(1), v.mv_push.eq(1), v.mve.write.eq(0)]
-            at_una = Signal()
-            m.d.comb += at_una.eq(rc.at_una)
-            una_b = Signal()        # ns.una = psn + 1 (an accepted READ response), else s.una
-            tail_inc = Signal()     # ns.sq_tail = s.sq_tail + 1 (that READ completed)
-            done = Signal()         # write ns and finish (no rewind / fatal)
-            m.d.comb += done.eq(1)
-            # a walk that completed WQEs is progress: the retry budget starts afresh
-            eff_retry = Signal(3)
-            m.d.comb += eff_retry.eq(Mux(rc.moved_a, c.retry_cnt, s.retry_left))
-            eff_rnr = Signal(3)
-            m.d.comb += eff_rnr.eq(Mux(rc.moved_a, c.rnr_retry, s.rnr_left))
-            with m.Switch(v.after):
-                with m.Case(v.A_ACK):
-                    m.d.comb += csr.rx_acks_inc.eq(1)
-                with m.Case(v.A_SEQ, v.A_LOSTREAD):
-                    with m.If(at_una | (v.after == v.A_LOSTREAD)):
-                        m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0),
-                                     ns.lost_rd.eq(v.after == v.A_LOSTREAD)]
-                        with m.If(eff_retry == 0):
-                            m.d.sync += [v.fatal_status.eq(WcStatus.RETRY_EXC_ERR),
-                                         v.after.eq(v.A_FATAL)]
-                        with m.Else():
-                            m.d.comb += ns.retry_left.eq(eff_retry - 1)
-                            m.d.sync += v.after.eq(v.A_REWIND)
+        # (pdq and mvq have room: checked in RX_CHK2)
+        ns = v.ns_resp
+        m.d.comb += [v.rx_take.eq(1), v.mv_push.eq(1), v.mve.write.eq(0)]
+        at_una = Signal()
+        m.d.comb += at_una.eq(rc.at_una)
+        una_b = Signal()        # ns.una = psn + 1 (an accepted READ response), else s.una
+        tail_inc = Signal()     # ns.sq_tail = s.sq_tail + 1 (that READ completed)
+        done = Signal()         # write ns and finish (no rewind / fatal)
+        m.d.comb += done.eq(1)
+        # a walk that completed WQEs is progress: the retry budget starts afresh
+        eff_retry = Signal(3)
+        m.d.comb += eff_retry.eq(Mux(rc.moved_a, c.retry_cnt, s.retry_left))
+        eff_rnr = Signal(3)
+        m.d.comb += eff_rnr.eq(Mux(rc.moved_a, c.rnr_retry, s.rnr_left))
+        with m.Switch(v.after):
+            with m.Case(v.A_ACK):
+                m.d.comb += csr.rx_acks_inc.eq(1)
+            with m.Case(v.A_SEQ, v.A_LOSTREAD):
+                with m.If(at_una | (v.after == v.A_LOSTREAD)):
+                    m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0),
+                                 ns.lost_rd.eq(v.after == v.A_LOSTREAD)]
+                    with m.If(eff_retry == 0):
+                        m.d.sync += [v.fatal_status.eq(WcStatus.RETRY_EXC_ERR),
+                                     v.after.eq(v.A_FATAL)]
                     with m.Else():
-                        m.d.comb += csr.rx_stale_inc.eq(1)
-                with m.Case(v.A_RNR):
-                    with m.If(at_una):
-                        m.d.comb += csr.rx_acks_inc.eq(1)
-                        with m.If((eff_rnr == 0) & (c.rnr_retry != 7)):
-                            m.d.comb += done.eq(0)
-                            m.d.sync += [v.fatal_status.eq(WcStatus.RNR_RETRY_EXC_ERR),
-                                         v.after.eq(v.A_FATAL)]
-                        with m.Else():
-                            ticks = Signal(32)
-                            with m.Switch(v.syn[0:5]):
-                                for code, n in enumerate(rnr_ticks(c) for c in range(32)):
-                                    with m.Case(code):
-                                        m.d.comb += ticks.eq(n)
-                            m.d.comb += [
-                                ns.rnr_left.eq(Mux(c.rnr_retry == 7, eff_rnr, eff_rnr - 1)),
-                                ns.rnr_wait.eq(1),
-                                v.tmr_wr.en.eq(1), v.tmr_wr.addr.eq(v.qp),
-                                v.tmr_wr.data.armed.eq(1), v.tmr_wr.data.rnr.eq(1),
-                                v.tmr_wr.data.deadline.eq(v.now + ticks + 1),
-                            ]
-                    with m.Else():
-                        m.d.comb += csr.rx_stale_inc.eq(1)
-                with m.Case(v.A_FATAL):
-                    m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0)]
-                with m.Case(v.A_READ):
-                    # READ response at una for the oldest WQE, a READ, in position
-                    lastpkt = Signal()      # w.length - ((psn - first_psn) << mtu_shift) <= mtu
-                    m.d.comb += lastpkt.eq(rc.lastpkt)
-                    # Position: the last bytes come as LAST/ONLY, others as FIRST/MIDDLE, the
-                    # first byte as FIRST/ONLY; after a re-request from the middle of a READ the
-                    # responder starts over with FIRST/ONLY, so those are accepted anywhere.
-                    pos_ok = Signal()
-                    starts = (op == O.READ_RESP_FIRST) | (op == O.READ_RESP_ONLY)
-                    ends = (op == O.READ_RESP_LAST) | (op == O.READ_RESP_ONLY)
-                    m.d.comb += pos_ok.eq((ends == lastpkt) & (rc.offnz | starts))
-                    ok = Signal()
-                    m.d.comb += ok.eq(at_una & (w.opcode == WrOpcode.RDMA_READ) & v.sent_any
-                                      & rc.tail_ne & pos_ok
-                                      & Mux(lastpkt, rc.plen_rem, rc.plen_mtu))
-                    with m.If(ok):
-                        m.d.comb += [
-                            csr.rx_acks_inc.eq(1),
-                            v.mve.write.eq(plen != 0), v.mve.addr.eq(rc.maddr), v.mve.len.eq(plen),
-                            ns.una.eq(rc.psn1), una_b.eq(1),
-                            ns.retry_left.eq(c.retry_cnt), ns.rnr_left.eq(c.rnr_retry),
-                        ]
-                        with m.If(lastpkt):
-                            m.d.comb += [ns.sq_tail.eq(s.sq_tail + 1), tail_inc.eq(1),
-                                         self.sq_retire.valid.eq(1),
-                                         v.pd_push.eq(w.signaled), v.pde.wtag.eq(v.wtag_now),
-                                         v.pde.has_cqe.eq(1),
-                                         *v.cqe_for_wqe(v.pde.cqe, w, WcStatus.SUCCESS)]
-                    with m.Else():
-                        m.d.comb += csr.rx_stale_inc.eq(1)
-                with m.Default():
+                        m.d.comb += ns.retry_left.eq(eff_retry - 1)
+                        m.d.sync += v.after.eq(v.A_REWIND)
+                with m.Else():
                     m.d.comb += csr.rx_stale_inc.eq(1)
-            moved = Signal()
-            m.d.comb += moved.eq(Mux(una_b, rc.moved_b, rc.moved_a))
-            with m.If(done):
-                # progress: counters refreshed, timer re-armed (or disarmed when idle), and the
-                # QP scheduled if the window opened on pending work
-                with m.If(moved):
-                    m.d.comb += [ns.retry_left.eq(c.retry_cnt), ns.lost_rd.eq(0)]
-                    with m.If(v.after != v.A_RNR):
-                        m.d.comb += ns.rnr_left.eq(c.rnr_retry)
-                    # the timer word holds the RNR delay while an RNR wait runs: leave it
-                    with m.If((v.after != v.A_RNR) & ~s.rnr_wait):
-                        with m.If(Mux(una_b, rc.idle_b, rc.idle_a)):     # ns.una == s.npsn
-                            m.d.comb += v.disarm_timer(1)
-                        with m.Else():
-                            m.d.comb += v.arm_timer(1)
-                past = Signal()     # ns.una - s.npsn > 0 (registered for both values of ns.una)
-                m.d.comb += past.eq(Mux(una_b, rc.past_b, rc.past_a))
-                with m.If(past):
-                    # acknowledged past the send pointer (ACKs of packets sent before a rewind)
+            with m.Case(v.A_RNR):
+                with m.If(at_una):
+                    m.d.comb += csr.rx_acks_inc.eq(1)
+                    with m.If((eff_rnr == 0) & (c.rnr_retry != 7)):
+                        m.d.comb += done.eq(0)
+                        m.d.sync += [v.fatal_status.eq(WcStatus.RNR_RETRY_EXC_ERR),
+                                     v.after.eq(v.A_FATAL)]
+                    with m.Else():
+                        ticks = Signal(32)
+                        with m.Switch(v.syn[0:5]):
+                            for code, n in enumerate(rnr_ticks(c) for c in range(32)):
+                                with m.Case(code):
+                                    m.d.comb += ticks.eq(n)
+                        m.d.comb += [
+                            ns.rnr_left.eq(Mux(c.rnr_retry == 7, eff_rnr, eff_rnr - 1)),
+                            ns.rnr_wait.eq(1),
+                            v.tmr_wr.en.eq(1), v.tmr_wr.addr.eq(v.qp),
+                            v.tmr_wr.data.armed.eq(1), v.tmr_wr.data.rnr.eq(1),
+                            v.tmr_wr.data.deadline.eq(v.now + ticks + 1),
+                        ]
+                with m.Else():
+                    m.d.comb += csr.rx_stale_inc.eq(1)
+            with m.Case(v.A_FATAL):
+                m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0)]
+            with m.Case(v.A_READ):
+                # READ response at una for the oldest WQE, a READ, in position
+                lastpkt = Signal()      # w.length - ((psn - first_psn) << mtu_shift) <= mtu
+                m.d.comb += lastpkt.eq(rc.lastpkt)
+                # Position: the last bytes come as LAST/ONLY, others as FIRST/MIDDLE, the
+                # first byte as FIRST/ONLY; after a re-request from the middle of a READ the
+                # responder starts over with FIRST/ONLY, so those are accepted anywhere.
+                pos_ok = Signal()
+                starts = (op == O.READ_RESP_FIRST) | (op == O.READ_RESP_ONLY)
+                ends = (op == O.READ_RESP_LAST) | (op == O.READ_RESP_ONLY)
+                m.d.comb += pos_ok.eq((ends == lastpkt) & (rc.offnz | starts))
+                ok = Signal()
+                m.d.comb += ok.eq(at_una & (w.opcode == WrOpcode.RDMA_READ) & v.sent_any
+                                  & rc.tail_ne & pos_ok
+                                  & Mux(lastpkt, rc.plen_rem, rc.plen_mtu))
+                with m.If(ok):
                     m.d.comb += [
-                        ns.npsn.eq(ns.una), ns.sq_cur.eq(ns.sq_tail),
-                        # ((ns.una - w.first_psn) << mtu_shift)
-                        ns.cur_off.eq(Mux(w.sent & ~tail_inc,
-                                          Mux(una_b, rc.cur_off_b, rc.cur_off_a), 0)),
+                        csr.rx_acks_inc.eq(1),
+                        v.mve.write.eq(plen != 0), v.mve.addr.eq(rc.maddr), v.mve.len.eq(plen),
+                        ns.una.eq(rc.psn1), una_b.eq(1),
+                        ns.retry_left.eq(c.retry_cnt), ns.rnr_left.eq(c.rnr_retry),
                     ]
-                work = Signal()     # ns.sq_cur != s.sq_head, from the registered tests
-                m.d.comb += work.eq(Mux(past, Mux(tail_inc, rc.tail1_ne, rc.tail_ne), rc.cur_ne)
-                                    & ~ns.rnr_wait)
-                with m.If(work & ~s.queued):
-                    m.d.comb += [ns.queued.eq(1), v.sched_push.eq(1)]
-                m.d.comb += v.write_state(ns)
-                m.next = "IDLE"
-            with m.Else():
-                m.d.sync += s.eq(ns)
-                m.next = "AFTER"
+                    with m.If(lastpkt):
+                        m.d.comb += [ns.sq_tail.eq(s.sq_tail + 1), tail_inc.eq(1),
+                                     self.sq_retire.valid.eq(1),
+                                     v.pd_push.eq(w.signaled), v.pde.wtag.eq(v.wtag_now),
+                                     v.pde.has_cqe.eq(1),
+                                     *v.cqe_for_wqe(v.pde.cqe, w, WcStatus.SUCCESS)]
+                with m.Else():
+                    m.d.comb += csr.rx_stale_inc.eq(1)
+            with m.Default():
+                m.d.comb += csr.rx_stale_inc.eq(1)
+        moved = Signal()
+        m.d.comb += moved.eq(Mux(una_b, rc.moved_b, rc.moved_a))
+        with m.If(done):
+            # progress: counters refreshed, timer re-armed (or disarmed when idle), and the
+            # QP scheduled if the window opened on pending work
+            with m.If(moved):
+                m.d.comb += [ns.retry_left.eq(c.retry_cnt), ns.lost_rd.eq(0)]
+                with m.If(v.after != v.A_RNR):
+                    m.d.comb += ns.rnr_left.eq(c.rnr_retry)
+                # the timer word holds the RNR delay while an RNR wait runs: leave it
+                with m.If((v.after != v.A_RNR) & ~s.rnr_wait):
+                    with m.If(Mux(una_b, rc.idle_b, rc.idle_a)):     # ns.una == s.npsn
+                        m.d.comb += v.disarm_timer(1)
+                    with m.Else():
+                        m.d.comb += v.arm_timer(1)
+            past = Signal()     # ns.una - s.npsn > 0 (registered for both values of ns.una)
+            m.d.comb += past.eq(Mux(una_b, rc.past_b, rc.past_a))
+            with m.If(past):
+                # acknowledged past the send pointer (ACKs of packets sent before a rewind)
+                m.d.comb += [
+                    ns.npsn.eq(ns.una), ns.sq_cur.eq(ns.sq_tail),
+                    # ((ns.una - w.first_psn) << mtu_shift)
+                    ns.cur_off.eq(Mux(w.sent & ~tail_inc,
+                                      Mux(una_b, rc.cur_off_b, rc.cur_off_a), 0)),
+                ]
+            work = Signal()     # ns.sq_cur != s.sq_head, from the registered tests
+            m.d.comb += work.eq(Mux(past, Mux(tail_inc, rc.tail1_ne, rc.tail_ne), rc.cur_ne)
+                                & ~ns.rnr_wait)
+            with m.If(work & ~s.queued):
+                m.d.comb += [ns.queued.eq(1), v.sched_push.eq(1)]
+            m.d.comb += v.write_state(ns)
+            m.next = "IDLE"
+        with m.Else():
+            m.d.sync += [s.eq(ns), v.qs_src.eq(v.SRC_REWIND)]
+            m.next = "AFTER"
