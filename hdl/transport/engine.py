@@ -21,12 +21,12 @@ check, decide) and 2 per entry it flushes on a fatal error; a response to a requ
 2 more before it is acted on (RX_CHK1/RX_CHK2: its checks, and everything derived from the una it
 leaves, are registered from the QP state, the WQE and the packet). The QP state word the deciding
 clock computes is written to ``qs`` one clock later, in the IDLE clock that always follows, so the
-next event's load reads it. A decision that needs room in ``pdq``, the mover queue or the
-invalidation queue checks a registered copy of the room, one clock old: when it waits for a full
-queue to drain, it goes one clock after the queue has room. A request packet waits for that room
-in CHK2, a response in RX_CHK2 (the clock before the decision), the others where they decide.
-Packets of 4 KiB carry 64 beats at
-512 bits, so the machine has time to spare at line rate.
+next event's load reads it; likewise the entries it pushes to ``pdq``, the mover queue and the
+invalidation queue land one clock after the decision. A decision that needs room in those queues
+checks a registered copy of the room, one clock old: when it waits for a full queue to drain, it
+goes one clock after the queue has room. A request packet waits for that room in CHK2, a response
+in RX_CHK2 (the clock before the decision), the others where they decide. Packets of 4 KiB carry
+64 beats at 512 bits, so the machine has time to spare at line rate.
 
 Semantics (PSNs 24-bit, compared modulo 2**24; ``n`` = packets of a message = max(1, ceil(L/mtu))):
 
@@ -329,8 +329,13 @@ class RcTransport(wiring.Component):
         # ------------------------------------------------------------ time base and timer scan
         now = Signal(32)
         tick_cnt = Signal(24)
-        with m.If(tick_cnt + 1 >= csr.tick_cycles):
-            m.d.sync += [tick_cnt.eq(0), now.eq(now + 1)]
+        tick = Signal()
+        m.d.comb += tick.eq(tick_cnt + 1 >= csr.tick_cycles)
+        now_next = Signal(32)       # now in the next clock
+        m.d.comb += now_next.eq(now + tick)
+        m.d.sync += now.eq(now_next)
+        with m.If(tick):
+            m.d.sync += tick_cnt.eq(0)
         with m.Else():
             m.d.sync += tick_cnt.eq(tick_cnt + 1)
         m.d.comb += csr.now.eq(now)
@@ -515,14 +520,18 @@ class RcTransport(wiring.Component):
         pd_push = Signal()
         # registered: the entry enters pdq one clock after the deciding state. Only the machine
         # writes pdq and no state that pushes directly follows another that does.
-        m.d.sync += [pdq.w_data.eq(pde), pdq.w_en.eq(pd_push)]
+        pde_r = Signal(pd_l)
+        pd_wd = Signal(pd_l)
+        m.d.sync += [pde_r.eq(pde), pdq.w_en.eq(pd_push)]
+        m.d.comb += [pd_wd.eq(pde_r), pd_wd.wtag.eq(wissued), pdq.w_data.eq(pd_wd)]
         # The room of pdq, mvq and invq the deciding states check is registered: it is the room
         # of the clock before, so a decision that waits for room goes one clock after the queue
         # drained. pdq: the entry a state pushes lands a clock later, by which time the entry
         # of a state two clocks before (FLUSH -> FLUSH_LD -> FLUSH) has landed too: the room
-        # counts it (w_level + w_en), and keeps 16 entries in use at most. mvq and invq are
-        # written in the deciding clock, and a state that writes one never follows a state that
-        # does, so their w_rdy of the clock before is still true.
+        # counts it (w_level + w_en), and keeps 16 entries in use at most. mvq and invq entries
+        # land a clock after the decision too (registered), and the states that write them
+        # decide at least six clocks apart, so their w_rdy of the clock before the check is
+        # still true when the entry lands.
         pdq_room = Signal()
         mvq_room = Signal()
         invq_room = Signal()
@@ -530,10 +539,17 @@ class RcTransport(wiring.Component):
                      mvq_room.eq(mvq.w_rdy), invq_room.eq(invq.w_rdy)]
         mve = Signal(mv.shape())
         mv_push = Signal()
-        m.d.comb += [mvq.w_data.eq(mve), mvq.w_en.eq(mv_push)]
-        m.d.sync += wissued.eq(wissued + (mv_push & mve.write))
-        wtag_now = Signal(16)
-        m.d.comb += wtag_now.eq(wissued + (mv_push & mve.write))
+        m.d.sync += [mvq.w_data.eq(mve), mvq.w_en.eq(mv_push)]
+        inv_push = Signal()
+        m.d.sync += [invq.w_en.eq(inv_push),
+                     invq.w_data.eq(Cat(rec.ieth_rkey, ictx.tenant, ictx.pd))]
+        # wissued counts without an adder after the decision: wissued1 = wissued + 1 is kept
+        # beside it. The pdq entry's wtag (the DMA writes it waits for, its own clock's write
+        # included) is wissued itself in the clock the entry is written to pdq, one clock after
+        # the decision: it then counts that clock's write.
+        wissued1 = Signal(16, init=1)
+        with m.If(mv_push & mve.write):
+            m.d.sync += [wissued.eq(wissued1), wissued1.eq(wissued1 + 1)]
 
         def cqe_for_wqe(cq, wqe, status):
             opc = Signal(8, name="cqe_opc")
@@ -577,14 +593,30 @@ class RcTransport(wiring.Component):
         sent_span = Signal(24)    # PSNs sent and not acknowledged, counting those a rewind
         m.d.comb += sent_span.eq(s.hpsn - s.una)     # will send again
 
+        # Timer deadlines, registered (exact: now + ... of the clock they are used in) from now
+        # and c (valid from CHK1 on). The timer write address is qp always.
+        # Two candidates each, from now (now + 1 in the clock after a tick), so the tick
+        # decision does not feed the adders: tick_d selects.
+        tick_d = Signal()
+        m.d.sync += tick_d.eq(tick)
+        arm_dl0 = Signal(32)
+        arm_dl1 = Signal(32)
+        m.d.sync += [arm_dl0.eq(now + (Const(1, 33) << c.timeout)[:32] + 1),
+                     arm_dl1.eq(now + (Const(1, 33) << c.timeout)[:32] + 2)]
+        arm_dl = Signal(32)         # now + 2**timeout + 1
+        m.d.comb += arm_dl.eq(Mux(tick_d, arm_dl1, arm_dl0))
+        arm_on = Signal()           # timeout 0 never arms
+        m.d.sync += arm_on.eq(c.timeout != 0)
+        m.d.comb += tmr_wr.addr.eq(qp)
+
         def arm_timer(fire):
             """Timer write: (re)arm to now + 2**timeout + 1 ticks (timeout 0: disarm)."""
-            return [tmr_wr.en.eq(fire), tmr_wr.addr.eq(qp),
-                    tmr_wr.data.armed.eq(c.timeout != 0), tmr_wr.data.rnr.eq(0),
-                    tmr_wr.data.deadline.eq(now + (Const(1, 33) << c.timeout)[:32] + 1)]
+            return [tmr_wr.en.eq(fire),
+                    tmr_wr.data.armed.eq(arm_on), tmr_wr.data.rnr.eq(0),
+                    tmr_wr.data.deadline.eq(arm_dl)]
 
         def disarm_timer(fire):
-            return [tmr_wr.en.eq(fire), tmr_wr.addr.eq(qp), tmr_wr.data.eq(0)]
+            return [tmr_wr.en.eq(fire), tmr_wr.data.eq(0)]
 
         # --- responder decision (combinational, used in EVAL for request packets)
         op = rec.bth_opcode
@@ -665,9 +697,9 @@ class RcTransport(wiring.Component):
         m.d.sync += len_ok.eq(Mux(first | middle, plen == r_mtu_q,
                               Mux(last, (plen != 0) & (plen <= r_mtu_q),
                               Mux(only, plen <= r_mtu_q, plen == 0))))
-        wrem_in = Signal(32)       # WRITE bytes left before this packet
-        m.d.comb += wrem_in.eq(Mux(first | only, rec.reth_dma_length, s.wrem))
-        wlen_ok = Signal()
+        wrem_in = Signal(32)       # WRITE bytes left before this packet (stage 1)
+        m.d.sync += wrem_in.eq(Mux(first | only, rec.reth_dma_length, s.wrem))
+        wlen_ok = Signal()          # (stage 2)
         m.d.sync += wlen_ok.eq(Mux(last | only, plen == wrem_in, plen < wrem_in))
         ann = meta.ann
         mr_fail = Signal()
@@ -680,8 +712,8 @@ class RcTransport(wiring.Component):
         m.d.sync += rq_avail.eq(s.rq_head != s.rq_tail)
         send_total = Signal(33)
         m.d.sync += send_total.eq(s.rq_off + plen)
-        send_over = Signal()
-        m.d.sync += send_over.eq(is_send & ((s.rq_off + plen) > rqe.length))
+        send_over = Signal()        # (stage 2)
+        m.d.sync += send_over.eq(is_send & (send_total > rqe.length))
         read_n = Signal(24)
         m.d.sync += read_n.eq(npkts(rec.reth_dma_length, r_shift))
         rsp_epsn = Signal(24)       # the next epsn after an accepted request (stage 2)
@@ -709,6 +741,16 @@ class RcTransport(wiring.Component):
         m.d.comb += walk_to.eq(Mux(resp_is_ack & (syn[5:8] == 0), psn, psn - 1))
         walk_span = Signal(24)      # walk_to - una
         m.d.comb += walk_span.eq(walk_to - s.una)
+        rnr_tk = Signal(32)         # the RNR NAK's delay in ticks
+        with m.Switch(syn[0:5]):
+            for code, n in enumerate(rnr_ticks(x) for x in range(32)):
+                with m.Case(code):
+                    m.d.comb += rnr_tk.eq(n)
+        rnr_dl0 = Signal(32)
+        rnr_dl1 = Signal(32)
+        m.d.sync += [rnr_dl0.eq(now + rnr_tk + 1), rnr_dl1.eq(now + rnr_tk + 2)]
+        rnr_dl = Signal(32)         # now + rnr_tk + 1 (exact, as arm_dl)
+        m.d.comb += rnr_dl.eq(Mux(tick_d, rnr_dl1, rnr_dl0))
         ack_none = Signal()
         m.d.comb += ack_none.eq(~(resp_is_ack & (syn[5:8] == 0)) & (p_una == 0))
         syn_known = Signal()        # ACK, RNR NAK or NAK; reserved syndromes are ignored
@@ -820,14 +862,18 @@ class RcTransport(wiring.Component):
         # AFTER_RX after RX_CHK1/RX_CHK2, where none of them changes). una after the response
         # is one of two values: s.una, or psn + 1 (an accepted READ response): everything
         # AFTER_RX derives from it is computed for both and selected there.
-        # rc.off, rem, lastpkt and maddr depend only on the packet, w and c, which hold still
-        # from the WQE's load on (EVAL or WALK_LD, at least three clocks before AFTER_RX): they
-        # may take three stages.
+        # rc.off, rem, lastpkt, maddr and rd_ok depend only on the packet, w and c, which hold
+        # still from the WQE's load on (EVAL or WALK_LD, at least five clocks before AFTER_RX,
+        # w valid from the next): they may take four stages.
         rc = _regs("rc", (("off", 32), ("rem", 32), ("offnz", 1), ("at_una", 1), ("psn1", 24),
                             ("moved_a", 1), ("moved_b", 1), ("past_a", 1), ("past_b", 1),
                             ("cur_off_a", 32), ("cur_off_b", 32), ("idle_a", 1), ("idle_b", 1),
                             ("plen_rem", 1), ("plen_mtu", 1), ("lastpkt", 1), ("maddr", 64),
-                            ("cur_ne", 1), ("tail_ne", 1), ("tail1_ne", 1)))
+                            ("cur_ne", 1), ("tail_ne", 1), ("tail1_ne", 1), ("rd_ok", 1)))
+        rd_starts = Signal()
+        m.d.comb += rd_starts.eq((op == O.READ_RESP_FIRST) | (op == O.READ_RESP_ONLY))
+        rd_ends = Signal()
+        m.d.comb += rd_ends.eq((op == O.READ_RESP_LAST) | (op == O.READ_RESP_ONLY))
         ahead_a = Signal(24)        # s.una - s.npsn
         m.d.comb += ahead_a.eq(s.una - s.npsn)
         ahead_b = Signal(24)        # psn + 1 - s.npsn
@@ -856,6 +902,12 @@ class RcTransport(wiring.Component):
             # stage 3 (packet, w and c only)
             rc.lastpkt.eq(rc.rem <= mtu),
             rc.maddr.eq(w.laddr + rc.off),
+            # stage 4 (packet and w only). Position: the last bytes come as LAST/ONLY, others
+            # as FIRST/MIDDLE, the first byte as FIRST/ONLY; after a re-request from the middle
+            # of a READ the responder starts over with FIRST/ONLY, so those are accepted anywhere.
+            rc.rd_ok.eq((w.opcode == WrOpcode.RDMA_READ) & sent_any
+                        & (rd_ends == rc.lastpkt) & (rc.offnz | rd_starts)
+                        & Mux(rc.lastpkt, rc.plen_rem, rc.plen_mtu)),
         ]
 
         # --- SEND: registered every clock from s, w and c (valid in DO after CHK1/CHK2)
@@ -1020,8 +1072,7 @@ class RcTransport(wiring.Component):
                     with m.Case(_Ev.RX):
                         with m.If(is_req & ann.roce):
                             # (pdq, mvq and invq have room: checked in CHK2)
-                            m.d.comb += [rx_take.eq(1), mv_push.eq(1), *write_state(ns),
-                                         pde.wtag.eq(wtag_now)]
+                            m.d.comb += [rx_take.eq(1), mv_push.eq(1), *write_state(ns)]
                             self._respond(m, ns, pde, pd_push, mve, locals())
                             m.next = "IDLE"
                         with m.Elif(is_resp & ann.roce & (c.state == QpState.RTS) & ~s.err
@@ -1088,7 +1139,7 @@ class RcTransport(wiring.Component):
                             m.next = "IDLE"
                         with m.Elif(pdq_room):
                             m.d.comb += [
-                                pd_push.eq(1), pde.wtag.eq(wtag_now), pde.has_cqe.eq(1),
+                                pd_push.eq(1), pde.has_cqe.eq(1),
                                 pde.cqe.qp.eq(qp), pde.cqe.is_recv.eq(1),
                                 pde.cqe.status.eq(Mux(c.state == QpState.ERROR,
                                                       WcStatus.WR_FLUSH_ERR, WcStatus.LOC_QP_OP_ERR)),
@@ -1109,6 +1160,9 @@ class RcTransport(wiring.Component):
                 # covered (WALK_LD loads it only if it is)
                 is_rd = Signal()
                 m.d.comb += is_rd.eq(w.opcode == WrOpcode.RDMA_READ)
+                # the entry WALK pushes (if it does): w's completion, in every clock of WALK
+                m.d.comb += [pde.has_cqe.eq(1),
+                             *cqe_for_wqe(pde.cqe, w, WcStatus.SUCCESS)]
                 with m.If(covered & is_rd):
                     # An ACK/NAK past a READ whose responses are missing: they were lost, resend
                     # from una (once until progress: later ACKs in flight say the same). A READ
@@ -1117,9 +1171,7 @@ class RcTransport(wiring.Component):
                     m.next = "RX_CHK1"
                 with m.Elif(covered):
                     with m.If(pdq_room):
-                        m.d.comb += [pd_push.eq(w.signaled), pde.wtag.eq(wtag_now),
-                                     pde.has_cqe.eq(1), *cqe_for_wqe(pde.cqe, w, WcStatus.SUCCESS),
-                                     self.sq_retire.valid.eq(1)]
+                        m.d.comb += [pd_push.eq(w.signaled), self.sq_retire.valid.eq(1)]
                         m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), s.una.eq(wk.last1)]
                         with m.If(s.sq_cur == s.sq_tail):
                             # acknowledged beyond a rewound send pointer: skip what needs no resend
@@ -1188,7 +1240,11 @@ class RcTransport(wiring.Component):
                     m.next = "IDLE"
 
             with m.State("FLUSH"):
-                # w = the WQE at sq_tail: the failing one first, then the rest (WR_FLUSH_ERR)
+                # w = the WQE at sq_tail: the failing one first, then the rest (WR_FLUSH_ERR);
+                # the entry it pushes (if it does), in every clock of FLUSH
+                m.d.comb += [pde.has_cqe.eq(1),
+                             *cqe_for_wqe(pde.cqe, w, Mux(flushing, WcStatus.WR_FLUSH_ERR,
+                                                         fatal_status))]
                 with m.If(~rc.tail_ne):     # sq_tail == sq_head (registered, s holds still)
                     with m.If(errq.w_rdy):
                         m.d.comb += [
@@ -1198,10 +1254,7 @@ class RcTransport(wiring.Component):
                         ]
                         m.next = "IDLE"
                 with m.Elif(pdq_room):
-                    m.d.comb += [pd_push.eq(1), pde.wtag.eq(wtag_now), pde.has_cqe.eq(1),
-                                 *cqe_for_wqe(pde.cqe, w, Mux(flushing, WcStatus.WR_FLUSH_ERR,
-                                                             fatal_status)),
-                                 self.sq_retire.valid.eq(1)]     # sq_ra = s.sq_tail + 1
+                    m.d.comb += [pd_push.eq(1), self.sq_retire.valid.eq(1)]  # sq_ra = sq_tail + 1
                     m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), flushing.eq(1)]
                     m.next = "FLUSH_LD"
             with m.State("FLUSH_LD"):
@@ -1297,8 +1350,7 @@ class RcTransport(wiring.Component):
             ]
             with m.If(v.msg_end & v.with_inv):
                 # the receiving side invalidates the MR the IETH names (if it is the QP's own)
-                m.d.comb += [v.invq.w_en.eq(1), v.invq.w_data.eq(Cat(rec.ieth_rkey, ictx.tenant,
-                                                                     ictx.pd))]
+                m.d.comb += v.inv_push.eq(1)    # (invq's data: rkey, tenant, pd)
             with m.If(v.msg_end):
                 m.d.comb += [
                     ns.rq_tail.eq(s.rq_tail + 1), self.rq_retire.valid.eq(1),
@@ -1421,7 +1473,7 @@ class RcTransport(wiring.Component):
         with m.Elif(v.pdq_room):
             wq = Signal(v.wqe_l)
             m.d.comb += [wq.opcode.eq(wrq.opcode), wq.wr_id.eq(wrq.wr_id), wq.length.eq(wrq.length)]
-            m.d.comb += [v.pd_push.eq(1), v.pde.wtag.eq(v.wtag_now), v.pde.has_cqe.eq(1),
+            m.d.comb += [v.pd_push.eq(1), v.pde.has_cqe.eq(1),
                          *v.cqe_for_wqe(v.pde.cqe, wq, status), self.wr.ready.eq(1),
                          self.sq_retire.valid.eq(1)]
             m.next = "IDLE"
@@ -1430,10 +1482,14 @@ class RcTransport(wiring.Component):
         """Requester: act on a response once the walk has completed what it covers."""
         v = SimpleNamespace(**env)
         csr, s, c, w, rc = self.csr, v.s, v.c, v.w, v.rc
-        plen, op = v.plen, v.op
+        plen = v.plen
         # (pdq and mvq have room: checked in RX_CHK2)
         ns = v.ns_resp
         m.d.comb += [v.rx_take.eq(1), v.mv_push.eq(1), v.mve.write.eq(0)]
+        # what an accepted READ response moves and (its last) completes, in every clock
+        m.d.comb += [v.mve.addr.eq(rc.maddr), v.mve.len.eq(plen),
+                     v.pde.has_cqe.eq(1),
+                     *v.cqe_for_wqe(v.pde.cqe, w, WcStatus.SUCCESS)]
         at_una = Signal()
         m.d.comb += at_una.eq(rc.at_una)
         una_b = Signal()        # ns.una = psn + 1 (an accepted READ response), else s.una
@@ -1468,17 +1524,12 @@ class RcTransport(wiring.Component):
                         m.d.sync += [v.fatal_status.eq(WcStatus.RNR_RETRY_EXC_ERR),
                                      v.after.eq(v.A_FATAL)]
                     with m.Else():
-                        ticks = Signal(32)
-                        with m.Switch(v.syn[0:5]):
-                            for code, n in enumerate(rnr_ticks(c) for c in range(32)):
-                                with m.Case(code):
-                                    m.d.comb += ticks.eq(n)
                         m.d.comb += [
                             ns.rnr_left.eq(Mux(c.rnr_retry == 7, eff_rnr, eff_rnr - 1)),
                             ns.rnr_wait.eq(1),
-                            v.tmr_wr.en.eq(1), v.tmr_wr.addr.eq(v.qp),
+                            v.tmr_wr.en.eq(1),
                             v.tmr_wr.data.armed.eq(1), v.tmr_wr.data.rnr.eq(1),
-                            v.tmr_wr.data.deadline.eq(v.now + ticks + 1),
+                            v.tmr_wr.data.deadline.eq(v.rnr_dl),    # now + RNR ticks + 1
                         ]
                 with m.Else():
                     m.d.comb += csr.rx_stale_inc.eq(1)
@@ -1488,30 +1539,21 @@ class RcTransport(wiring.Component):
                 # READ response at una for the oldest WQE, a READ, in position
                 lastpkt = Signal()      # w.length - ((psn - first_psn) << mtu_shift) <= mtu
                 m.d.comb += lastpkt.eq(rc.lastpkt)
-                # Position: the last bytes come as LAST/ONLY, others as FIRST/MIDDLE, the
-                # first byte as FIRST/ONLY; after a re-request from the middle of a READ the
-                # responder starts over with FIRST/ONLY, so those are accepted anywhere.
-                pos_ok = Signal()
-                starts = (op == O.READ_RESP_FIRST) | (op == O.READ_RESP_ONLY)
-                ends = (op == O.READ_RESP_LAST) | (op == O.READ_RESP_ONLY)
-                m.d.comb += pos_ok.eq((ends == lastpkt) & (rc.offnz | starts))
+                # rc.rd_ok: w is a READ that has been sent, the packet is in position and its
+                # length right (registered, stage 4: packet and w only)
                 ok = Signal()
-                m.d.comb += ok.eq(at_una & (w.opcode == WrOpcode.RDMA_READ) & v.sent_any
-                                  & rc.tail_ne & pos_ok
-                                  & Mux(lastpkt, rc.plen_rem, rc.plen_mtu))
+                m.d.comb += ok.eq(at_una & rc.tail_ne & rc.rd_ok)
                 with m.If(ok):
                     m.d.comb += [
                         csr.rx_acks_inc.eq(1),
-                        v.mve.write.eq(plen != 0), v.mve.addr.eq(rc.maddr), v.mve.len.eq(plen),
+                        v.mve.write.eq(plen != 0),
                         ns.una.eq(rc.psn1), una_b.eq(1),
                         ns.retry_left.eq(c.retry_cnt), ns.rnr_left.eq(c.rnr_retry),
                     ]
                     with m.If(lastpkt):
                         m.d.comb += [ns.sq_tail.eq(s.sq_tail + 1), tail_inc.eq(1),
                                      self.sq_retire.valid.eq(1),
-                                     v.pd_push.eq(w.signaled), v.pde.wtag.eq(v.wtag_now),
-                                     v.pde.has_cqe.eq(1),
-                                     *v.cqe_for_wqe(v.pde.cqe, w, WcStatus.SUCCESS)]
+                                     v.pd_push.eq(w.signaled)]
                 with m.Else():
                     m.d.comb += csr.rx_stale_inc.eq(1)
             with m.Default():
@@ -1549,5 +1591,7 @@ class RcTransport(wiring.Component):
             m.d.comb += v.write_state(ns)
             m.next = "IDLE"
         with m.Else():
-            m.d.sync += [s.eq(ns), v.qs_src.eq(v.SRC_REWIND)]
+            # (the fields a rewind or fatal path changes: lost_rd, retry_left)
+            m.d.sync += [s.lost_rd.eq(ns.lost_rd), s.retry_left.eq(ns.retry_left),
+                         v.qs_src.eq(v.SRC_REWIND)]
             m.next = "AFTER"
