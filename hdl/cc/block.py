@@ -47,7 +47,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..csr import block_signature
 from ..flow.fields import QP_CONTEXT, TENANT_BITS
-from ..flow.rxflow import rx_meta_layout
+from ..flow.rxflow import CORE_RECORD_FIELDS, rx_meta_layout
 from ..regmap import CC_CLASSES, REGMAP, cc_config
 from ..transport.engine import ctx_written_layout, sent_layout
 from ..transport.formats import CNP_OPCODE
@@ -63,14 +63,15 @@ _FIELD_BIT = {f.name: i for i, f in enumerate(QP_CONTEXT.fields)}
 
 
 class CongestionControl(wiring.Component):
-    def __init__(self, data_width=64, *, qps=16, tenants=1 << TENANT_BITS):
+    def __init__(self, data_width=64, *, qps=16, tenants=1 << TENANT_BITS,
+                 record_fields=CORE_RECORD_FIELDS):
         self.data_width = data_width
         self.qps = qps
         self.tenants = tenants
         self.index_bits = IB = (qps - 1).bit_length()
         qp_l = data.StructLayout({"qp": IB})
         super().__init__({
-            "rx_tap":      In(stream.Signature(rx_meta_layout(IB), always_ready=True)),
+            "rx_tap":      In(stream.Signature(rx_meta_layout(IB, record_fields), always_ready=True)),
             "ctx_written": In(stream.Signature(ctx_written_layout(IB), always_ready=True)),
             "sent":        In(stream.Signature(sent_layout(IB), always_ready=True)),
             "sched_push":  In(stream.Signature(qp_l, always_ready=True)),

@@ -56,7 +56,9 @@ pktengine, flow, qpctx, mr
              Out  the CSR ports of those register-map blocks (``csr.block_signature``)
 
 Parameters: ``data_width`` (64 or 512), ``qps`` (flow-table capacity = QP context entries),
-``mr_entries``, ``mr_pages``, ``rx_buffer_bytes``, ``records`` (frames that can wait).
+``mr_entries``, ``mr_pages``, ``rx_buffer_bytes``, ``records`` (frames that can wait),
+``record_fields`` (the header-record fields ``o_meta``/``dropped`` carry and ``recq`` stores;
+None: all of them. NicCore passes ``CORE_RECORD_FIELDS``).
 """
 
 import enum as py_enum
@@ -80,7 +82,8 @@ from .mr import MrOp, MrProtection
 from .qpctx import QpContextStore, QpHostOp
 from .vlan import VLAN_ENTRY, VlanTenantMap
 
-__all__ = ["FlowVerdict", "ann_layout", "rx_meta_layout", "RxFlowPipeline", "mr_request_kind"]
+__all__ = ["CORE_RECORD_FIELDS", "FlowVerdict", "ann_layout", "rx_meta_layout", "rx_record_layout",
+           "RxFlowPipeline", "mr_request_kind"]
 
 
 class FlowVerdict(enum.IntEnum, shape=3):
@@ -132,9 +135,27 @@ def ann_layout(index_bits):
     })
 
 
-def rx_meta_layout(index_bits):
+# The header-record fields the NIC core reads from ``o_meta`` (RcTransport, CongestionControl):
+# NicCore queues only these (156 bits) instead of the whole record (1,843: every field of every
+# header, IPv4 options, atomic and CNP fields). At 256 waiting frames that turns ``recq`` from 52
+# block RAMs (1,914 LUT4, 3,721 FF) into 5. A consumer that reads another field fails at
+# elaboration (the View has no such field), so the list cannot silently fall behind the code.
+CORE_RECORD_FIELDS = ("bth_opcode", "bth_psn", "bth_ackreq", "aeth_syndrome", "reth_dma_length",
+                      "ieth_rkey", "immdt_data", "payload_len", "ipv6", "ipv4_ecn", "ipv6_ecn")
+
+
+def rx_record_layout(fields=None):
+    """The header record as the pipeline queues and hands it on: all of ``record_layout()``
+    (``fields`` None), or only the named fields of it, in the given order."""
+    full = record_layout()
+    if fields is None:
+        return full
+    return data.StructLayout({name: full[name].shape for name in fields})
+
+
+def rx_meta_layout(index_bits, record_fields=None):
     return data.StructLayout({
-        "rec": record_layout(),
+        "rec": rx_record_layout(record_fields),
         "ann": ann_layout(index_bits),
         "ctx": qp_context_layout(),
     })
@@ -166,8 +187,9 @@ def _delay(m, value, cycles, name):
 
 class RxFlowPipeline(wiring.Component):
     def __init__(self, data_width=64, *, qps=4096, mr_entries=1024, mr_pages=1024,
-                 rx_buffer_bytes=32768, records=256, pass_mr_failures=False):
+                 rx_buffer_bytes=32768, records=256, pass_mr_failures=False, record_fields=None):
         self.pass_mr_failures = pass_mr_failures
+        self.record_fields = record_fields
         self.data_width = data_width
         self.qps = qps
         self.mr_entries = mr_entries
@@ -179,9 +201,9 @@ class RxFlowPipeline(wiring.Component):
         self._store_sig = QpContextStore(qps, user_width=ann_layout(self.index_bits).size)
         super().__init__({
             "i":         In(stream.Signature(beat)),
-            "o_meta":    Out(stream.Signature(rx_meta_layout(self.index_bits))),
+            "o_meta":    Out(stream.Signature(rx_meta_layout(self.index_bits, record_fields))),
             "o":         Out(stream.Signature(beat)),
-            "dropped":   Out(stream.Signature(rx_meta_layout(self.index_bits))),
+            "dropped":   Out(stream.Signature(rx_meta_layout(self.index_bits, record_fields))),
             "wb":        In(self._store_sig.wb.signature.flip()),
             "tx_frame":  In(1),
             "ctx_written": Out(stream.Signature(data.StructLayout({
@@ -217,7 +239,8 @@ class RxFlowPipeline(wiring.Component):
         # out_reg: the payload leaves from a register, not from the block RAM's slow output
         m.submodules.rxbuf = rxbuf = PacketFifo(beat_layout(W), self.rx_buffer_bytes // (W // 8),
                                                 out_reg=True)
-        m.submodules.recq = recq = SyncFIFOBuffered(width=record_layout().size, depth=self.records)
+        rec_l = rx_record_layout(self.record_fields)
+        m.submodules.recq = recq = SyncFIFOBuffered(width=rec_l.size, depth=self.records)
         m.submodules.keyq = keyq = SyncFIFOBuffered(width=key_l.size, depth=self.records)
         m.submodules.vlan = vlan = VlanTenantMap()
         m.submodules.flow = flow = FlowTable(self.qps)
@@ -267,7 +290,8 @@ class RxFlowPipeline(wiring.Component):
             key_in.va.eq(Mux(is_atomic, meta.atomiceth_va, meta.reth_va)),
             key_in.length.eq(Mux(is_atomic, 8, meta.reth_dma_length)),
             recq.w_en.eq(keep),
-            recq.w_data.eq(meta),
+            recq.w_data.eq(meta if self.record_fields is None
+                           else Cat(meta[name] for name in self.record_fields)),
             keyq.w_en.eq(keep),
             keyq.w_data.eq(key_in),
         ]
@@ -424,7 +448,7 @@ class RxFlowPipeline(wiring.Component):
         # the transport's decode of the record behind a block RAM's clock-to-out was the deepest
         # path between blocks). ann and ctx already come from the store's queue registers; ctx
         # must stay there, where it snoops the consumer's write-backs (the store's contract).
-        rec = Signal(record_layout())
+        rec = Signal(rec_l)
         rec_valid = Signal()
         rec_take = Signal()
         rec_load = Signal()

@@ -118,7 +118,7 @@ from amaranth.lib.wiring import In, Out
 from ..csr import block_signature
 from ..flow.fields import QP_CONTEXT, QpState
 from ..flow.layouts import qp_context_layout, struct_layout
-from ..flow.rxflow import rx_meta_layout
+from ..flow.rxflow import CORE_RECORD_FIELDS, rx_meta_layout
 from ..net.layout import beat_layout
 from ..regmap import GIDS, REGMAP, transport_config
 from .formats import (
@@ -182,7 +182,8 @@ class _InMsg(enum.Enum, shape=2):
 
 
 class RcTransport(wiring.Component):
-    def __init__(self, data_width=64, *, qps=16, sq_depth=16, rq_depth=16):
+    def __init__(self, data_width=64, *, qps=16, sq_depth=16, rq_depth=16,
+                 record_fields=CORE_RECORD_FIELDS):
         for name, v in (("qps", qps), ("sq_depth", sq_depth), ("rq_depth", rq_depth)):
             if v < 2 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two >= 2, not {v}")
@@ -193,7 +194,7 @@ class RcTransport(wiring.Component):
         self.index_bits = IB = (qps - 1).bit_length()
         beat = beat_layout(data_width)
         super().__init__({
-            "rx_meta":     In(stream.Signature(rx_meta_layout(IB))),
+            "rx_meta":     In(stream.Signature(rx_meta_layout(IB, record_fields))),
             "rx":          In(stream.Signature(beat)),
             "wb":          Out(stream.Signature(data.StructLayout(
                                {"index": IB, "ctx": qp_context_layout()}), always_ready=True)),
