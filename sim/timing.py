@@ -502,9 +502,9 @@ def board_config(board="ecpix5"):
 
 
 def _rxflow(qps, width, mr_entries, mr_pages, **_):
-    from stellar.hdl.flow.rxflow import RxFlowPipeline
+    from stellar.hdl.flow.rxflow import CORE_RECORD_FIELDS, RxFlowPipeline
     return RxFlowPipeline(width, qps=qps, mr_entries=mr_entries, mr_pages=mr_pages,
-                          pass_mr_failures=True)
+                          pass_mr_failures=True, record_fields=CORE_RECORD_FIELDS)
 
 
 # The receive pipeline's own blocks, built as RxFlowPipeline.elaborate builds them: the pipeline
