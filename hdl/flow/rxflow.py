@@ -137,9 +137,11 @@ def ann_layout(index_bits):
 
 # The header-record fields the NIC core reads from ``o_meta`` (RcTransport, CongestionControl):
 # NicCore queues only these (156 bits) instead of the whole record (1,843: every field of every
-# header, IPv4 options, atomic and CNP fields). At 256 waiting frames that turns ``recq`` from 52
-# block RAMs (1,914 LUT4, 3,721 FF) into 5. A consumer that reads another field fails at
-# elaboration (the View has no such field), so the list cannot silently fall behind the code.
+# header, IPv4 options, atomic and CNP fields). Yosys already drops memory bits nobody reads, so
+# synthesis gains less than the widths suggest (ECPIX-5 board top: EBR 208 -> 202, LUT4 51,452
+# -> 50,818, FF 47,582 -> 47,211); the Verilog and the simulation models carry 156 bits, not
+# 1,843. A consumer that reads another field fails at elaboration (the View has no such field),
+# so the list cannot silently fall behind the code.
 CORE_RECORD_FIELDS = ("bth_opcode", "bth_psn", "bth_ackreq", "aeth_syndrome", "reth_dma_length",
                       "ieth_rkey", "immdt_data", "payload_len", "ipv6", "ipv4_ecn", "ipv6_ecn")
 
