@@ -139,7 +139,7 @@ def build(board, config, build_dir, *, seed=1, router=None, bitstream=True, prog
     # The router, unless given: router2 for builds with the NIC core, router1 for the shell. On the
     # full core (84 % of the 85F's LUTs) router1 had routed 10k of 353k arcs after 8 minutes, its
     # rip-ups keeping pace with its progress; on the small shell router1 times better (Colorlight,
-    # seed 1: 127.3 / 126.8 / 132.0 MHz against router2's 111.5 / 112.8 / 107.4).
+    # seed 1, 2026-12-02: 125.4 / 131.4 / 134.7 MHz against router2's 111.5 / 112.8 / 107.4).
     router = router or ("router2" if config.core else "router1")
     nextpnr_opts = f"--report report.json --timing-allow-fail --seed {seed} --router {router}"
     # Elaborate first: the top's RX_CLK pin is known only then, and its constraint must be in
