@@ -3,11 +3,14 @@
 """The shared corpus of real RoCEv2 captures (frames recorded from real NICs by other people).
 
 Located by ``STELLAR_CAPTURES`` if set, else ``<repo root>/../shared/captures`` (repo root: the
-folder holding ``sim/``). Two file kinds: ``.pcap`` (Ethernet linktype, no FCS) and ``.txt``
+folder holding ``sim/``), else, for a clone with no ``../shared`` beside it, beside the local
+checkout named by its ``origin`` remote. Two file kinds: ``.pcap`` (Ethernet linktype, no FCS) and ``.txt``
 (one frame in hex per line, ``#`` lines are comments).
 """
 
 import os
+import re
+import subprocess
 from pathlib import Path
 
 from scapy.layers.inet import IP, UDP
@@ -25,7 +28,36 @@ def captures_dir():
     env = os.environ.get("STELLAR_CAPTURES")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "captures"
+    repo = Path(__file__).resolve().parent.parent
+    beside = repo.parent / "shared" / "captures"
+    if beside.is_dir():
+        return beside
+    # A throwaway clone (``git clone . $(mktemp -d)``) has no ``../shared``; the checkout it was
+    # cloned from does. Only a local origin is followed: a URL names no folder.
+    origin = _local_origin(repo)
+    if origin is not None and (origin.parent / "shared" / "captures").is_dir():
+        return origin.parent / "shared" / "captures"
+    return beside
+
+
+def _local_origin(repo):
+    try:
+        url = subprocess.run(["git", "-C", str(repo), "config", "--get", "remote.origin.url"],
+                             capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        return None
+    if not url:
+        return None
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    elif "://" in url or re.match(r"^[^/]+:", url):
+        return None
+    path = Path(url)
+    if not path.is_absolute():
+        path = (repo / path).resolve()
+    if path.name == ".git":
+        path = path.parent
+    return path if path.is_dir() else None
 
 
 def read_hex(path):
