@@ -502,9 +502,10 @@ def board_config(board="ecpix5"):
 
 
 def _rxflow(qps, width, mr_entries, mr_pages, **_):
-    from stellar.hdl.flow.rxflow import CORE_RECORD_FIELDS, RxFlowPipeline
+    from stellar.hdl.flow.rxflow import CORE_RECORD_FIELDS, CORE_WB_FIELDS, RxFlowPipeline
     return RxFlowPipeline(width, qps=qps, mr_entries=mr_entries, mr_pages=mr_pages,
-                          pass_mr_failures=True, record_fields=CORE_RECORD_FIELDS)
+                          pass_mr_failures=True, record_fields=CORE_RECORD_FIELDS,
+                          wb_fields=CORE_WB_FIELDS)
 
 
 # The receive pipeline's own blocks, built as RxFlowPipeline.elaborate builds them: the pipeline
@@ -527,8 +528,9 @@ def _mr(mr_entries, mr_pages, **_):
 
 def _qpctx(qps, **_):
     from stellar.hdl.flow.qpctx import QpContextStore
-    from stellar.hdl.flow.rxflow import ann_layout
-    return QpContextStore(qps, user_width=ann_layout(max(1, (qps - 1).bit_length())).size)
+    from stellar.hdl.flow.rxflow import CORE_WB_FIELDS, ann_layout
+    return QpContextStore(qps, user_width=ann_layout(max(1, (qps - 1).bit_length())).size,
+                          wb_fields=CORE_WB_FIELDS)
 
 
 def _transport(qps, width, sq_depth, rq_depth, **_):

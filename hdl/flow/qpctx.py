@@ -19,9 +19,10 @@ Consistency contract:
 - The ``ctx`` presented on ``resp`` in a cycle includes every write (``wb`` or host) performed
   at any clock edge before that cycle. Every copy of a context held inside the store -- the
   memory read in flight (``s1``) and each queue entry -- snoops every write and replaces its
-  context when the index matches. The memory's own read-during-write behaviour is never used
-  (a collision on a true-dual-port ECP5 EBR is undefined): the last write is registered and
-  overrides the memory output for the token whose read was sampled at that same edge.
+  ``wb_fields`` when the index matches (the host fields: see below). The memory's own
+  read-during-write behaviour is never used (a collision on a true-dual-port ECP5 EBR is
+  undefined): the last write is registered and overrides the memory output for the token
+  whose read was sampled at that same edge.
 - The consumer takes packet i (``resp`` transfer) and may write it back in the SAME cycle
   (``wb.valid`` together with ``resp.ready``), computing the new context from ``resp.ctx``;
   packet i+1 of the same QP, presented in the next cycle, then already carries that update,
@@ -37,6 +38,11 @@ Consistency contract:
   write-back that follows a host write in the pipeline order is computed from the host's
   result. A host WRITE at the head in a cycle with ``wb.valid``: only one memory write per
   clock, so the head holds (the host write waits and re-merges next cycle); neither is dropped.
+- With host fields (``wb_fields`` not all), no packet issues while a host operation waits
+  on ``host`` or is in the pipeline, up to and including the clock its write lands: packets
+  behind a host operation read the host memory after its write, so the host fields need no
+  forwarding. Packets then wait for a host operation to be done, not only for its slot; a
+  packet waiting when one is done issues before the next host operation.
 - Full throughput: with ``resp`` always ready and no host operations, one ``req`` per clock
   with no bubbles (for ``queue >= 3``; ``req.ready`` does not depend on ``resp.ready``, so a
   smaller queue is exact but not full rate). A host operation takes one slot of the pipeline
@@ -48,8 +54,9 @@ Ports (``I`` = ``index_bits``, ``U`` = ``user_width``, ``ctx`` = ``qp_context_la
   ``req``        in   stream ``{index: I, user: U}``: look up the context of QP ``index``;
                       ``user`` is carried unchanged to the response.
   ``resp``       out  stream ``{index: I, ctx, user: U}``: responses in request order.
-  ``wb``         in   stream ``{index: I, ctx}``, always ready: write the full new context
-                      of QP ``index`` (from the consumer of ``resp``).
+  ``wb``         in   stream ``{index: I, ctx}``, always ready: write the fields
+                      ``wb_fields`` of the new context of QP ``index`` (from the consumer
+                      of ``resp``); its other fields are ignored.
   ``host``       in   stream ``{op: 1 (QpHostOp), index: I, ctx, mask: N}``: READ returns the
                       context; WRITE replaces the fields whose ``mask`` bit i (field i of
                       ``QP_CONTEXT``) is set with those of ``ctx``.
@@ -57,11 +64,21 @@ Ports (``I`` = ``index_bits``, ``U`` = ``user_width``, ``ctx`` = ``qp_context_la
                       done: READ -> the context; WRITE -> the context as written (merged).
 
 Parameters: ``depth`` (number of QPs, a power of two), ``user_width`` (sideband bits),
-``queue`` (responses held in registers, so ``req`` keeps flowing under short ``resp`` stalls).
+``queue`` (responses held in registers, so ``req`` keeps flowing under short ``resp`` stalls),
+``wb_fields`` (names of the ``QP_CONTEXT`` fields ``wb`` writes; ``None``: all of them).
 Attributes: ``index_bits``, ``LATENCY`` (2: cycles from a ``req`` transfer to its ``resp``
-being valid when nothing stalls). Memory: one ``lib.memory.Memory`` of ``depth`` x 475 bits
-(``mem_data``, all zeros after configuration) with one synchronous read port (packets and host
-reads) and one write port.
+being valid when nothing stalls), ``wb_fields`` and ``host_fields`` (the rest, in context
+order). Memory: one ``lib.memory.Memory`` of ``depth`` words holding the ``wb_fields``
+(``mem_data``) and, when some fields are the host's only, a second one holding those
+(``host_mem_data``); both all zeros after configuration, each with one synchronous read port
+(packets and host reads, at the same address) and one write port. ``context(w, h)`` joins a
+word of each into the context integer.
+
+Why the split: the transport writes back two fields (``epsn``, ``msn``: 48 bits) of 475. Only
+the fields ``wb`` writes need the forwarding paths (the registered last write, the snoop of
+every queue entry, the write-port multiplexer); the host's fields are loaded once per token
+and never compared. In NicCore this is most of the store's logic (see
+``RxFlowPipeline(wb_fields=...)``).
 """
 
 from amaranth.hdl import Cat, MemoryData, Module, Mux, Signal
@@ -83,16 +100,26 @@ class QpHostOp(enum.IntEnum, shape=1):
 class QpContextStore(wiring.Component):
     LATENCY = 2
 
-    def __init__(self, depth=4096, *, user_width=0, queue=4):
+    def __init__(self, depth=4096, *, user_width=0, queue=4, wb_fields=None):
         assert depth >= 2 and depth & (depth - 1) == 0, "depth must be a power of two"
         assert queue >= 1
+        names = [f.name for f in QP_CONTEXT.fields]
+        wb_fields = tuple(names if wb_fields is None else wb_fields)
+        unknown = set(wb_fields) - set(names)
+        assert not unknown, f"no QP context field(s) {sorted(unknown)}"
         self.depth = depth
         self.user_width = user_width
         self.queue = queue
         self.index_bits = (depth - 1).bit_length()
+        # In QP_CONTEXT order, so that the words of the two memories are the context's bits in
+        # order with the other part's fields left out.
+        self.wb_fields = tuple(n for n in names if n in wb_fields)
+        self.host_fields = tuple(n for n in names if n not in wb_fields)
         ctx = qp_context_layout()
         ib = self.index_bits
-        self.mem_data = MemoryData(shape=QP_CONTEXT.width, depth=depth, init=[])
+        self.mem_data = MemoryData(shape=self._width(self.wb_fields), depth=depth, init=[])
+        self.host_mem_data = (MemoryData(shape=self._width(self.host_fields), depth=depth, init=[])
+                              if self.host_fields else None)
         super().__init__({
             "req": In(stream.Signature(data.StructLayout({"index": ib, "user": user_width}))),
             "resp": Out(stream.Signature(data.StructLayout({"index": ib, "ctx": ctx,
@@ -104,33 +131,83 @@ class QpContextStore(wiring.Component):
             "host_resp": Out(stream.Signature(data.StructLayout({"ctx": ctx}), always_ready=True)),
         })
 
+    @staticmethod
+    def _width(names):
+        return sum(QP_CONTEXT[n].width for n in names)
+
+    @staticmethod
+    def _part(value, names):
+        """The bits of the fields ``names`` of a context (a Value or an int), in order."""
+        if isinstance(value, int):
+            out, pos = 0, 0
+            for n in names:
+                f = QP_CONTEXT[n]
+                out |= (value >> QP_CONTEXT.offsets[n] & ((1 << f.width) - 1)) << pos
+                pos += f.width
+            return out
+        return Cat(*(value[QP_CONTEXT.offsets[n]:QP_CONTEXT.offsets[n] + QP_CONTEXT[n].width]
+                     for n in names))
+
+    def context(self, wb_word, host_word=0):
+        """The whole context (an int) from a word of ``mem_data`` and one of ``host_mem_data``."""
+        out = 0
+        for names, word in ((self.wb_fields, wb_word), (self.host_fields, host_word)):
+            pos = 0
+            for n in names:
+                f = QP_CONTEXT[n]
+                out |= (word >> pos & ((1 << f.width) - 1)) << QP_CONTEXT.offsets[n]
+                pos += f.width
+        return out
+
     def elaborate(self, platform):
         m = Module()
         Q = self.queue
         ib = self.index_bits
-        W = QP_CONTEXT.width
-        # Queue entries: a token and its context. ``host`` marks a host operation (its op, data
-        # and mask wait in the host registers: one host operation is in flight at a time).
+        WD = self._width(self.wb_fields)
+        WH = self._width(self.host_fields)
+        split = bool(self.host_fields)
+        # Queue entries: a token and its context, in two parts: the fields ``wb`` writes (they
+        # snoop every write) and the host's fields (written only by host WRITEs, which no
+        # token is in flight behind: they need no snooping). ``host`` marks a host operation
+        # (its op, data and mask wait in the host registers: one host operation is in flight
+        # at a time).
         token = data.StructLayout({"index": ib, "user": self.user_width, "host": 1})
-        entry = data.StructLayout({"tok": token, "ctx": W})
+        entry = data.StructLayout({"tok": token, "ctx": WD, "hctx": WH})
 
-        # ``no_rw_check``: yosys need not emulate read-during-write (it would add a 475-bit
-        # register and bypass of its own); the store never uses the memory word of a collision.
+        def whole(e):
+            ctx = Signal(QP_CONTEXT.width)
+            pos = 0
+            for names, part in ((self.wb_fields, e.ctx), (self.host_fields, e.hctx)):
+                pos = 0
+                for n in names:
+                    w, off = QP_CONTEXT[n].width, QP_CONTEXT.offsets[n]
+                    m.d.comb += ctx[off:off + w].eq(part[pos:pos + w])
+                    pos += w
+            return ctx
+
+        # ``no_rw_check``: yosys need not emulate read-during-write (it would add a register
+        # and bypass of its own); the store never uses the memory word of a collision.
         m.submodules.mem = mem = Memory(data=self.mem_data, attrs={"no_rw_check": 1})
         wr = mem.write_port()
         rd = mem.read_port(domain="sync")
+        if split:
+            m.submodules.host_mem = hmem = Memory(data=self.host_mem_data,
+                                                  attrs={"no_rw_check": 1})
+            hwr = hmem.write_port()
+            hrd = hmem.read_port(domain="sync")
+            m.d.comb += [hrd.addr.eq(rd.addr), hrd.en.eq(rd.en)]
 
         # ------------------------------------------------------------ the one write per clock
         w_en = Signal()
         w_addr = Signal(ib)
-        w_data = Signal(W)
+        w_data = Signal(WD)
         m.d.comb += [wr.en.eq(w_en), wr.addr.eq(w_addr), wr.data.eq(w_data)]
 
         # The last write, registered: it overrides the memory output for a read sampled at the
         # same edge as the write (undefined on the EBR, so never looked at).
         lw_valid = Signal()
         lw_addr = Signal(ib)
-        lw_data = Signal(W)
+        lw_data = Signal(WD)
         m.d.sync += lw_valid.eq(w_en)
         with m.If(w_en):
             m.d.sync += [lw_addr.eq(w_addr), lw_data.eq(w_data)]
@@ -144,7 +221,7 @@ class QpContextStore(wiring.Component):
         s1 = Signal(token)
         host_busy = Signal()                 # a host token is in the pipeline
         h_write = Signal()
-        h_ctx = Signal(W)
+        h_ctx = Signal(QP_CONTEXT.width)
         h_mask = Signal(len(QP_CONTEXT.fields))   # zero for a READ: the merge is the identity
 
         # ------------------------------------------------------------ issue
@@ -152,15 +229,36 @@ class QpContextStore(wiring.Component):
         # issues only while queue + s1 leave room for it. Pops are not counted, so that
         # req.ready does not depend on resp.ready; with queue >= 3 the steady state at one
         # packet per clock (one entry at the head, one in s1) still has room.
+        # With host fields, no packet issues while a host operation waits or is in flight
+        # (including its last clock, when its write lands): a packet's read of the host
+        # memory then always follows every host write before it, and none can be in flight
+        # behind one.
         room = Signal()
+        host_done = Signal()
         host_take = Signal()
         req_take = Signal()
         issue = Signal()
+        if split:
+            # A waiting packet goes first after a host operation (else back-to-back host
+            # operations would starve the packets).
+            pkt_turn = Signal()      # from a host op's end until a packet issues or none waits
+            with m.If(host_done):
+                m.d.sync += pkt_turn.eq(1)
+            with m.Elif(issue | ~self.req.valid):
+                m.d.sync += pkt_turn.eq(0)
+            pkt_first = pkt_turn & self.req.valid
+            m.d.comb += [
+                self.host.ready.eq(room & ~host_busy & ~pkt_first),
+                self.req.ready.eq(room & ~host_busy & ~(self.host.valid & ~pkt_first)),
+            ]
+        else:
+            m.d.comb += [
+                self.host.ready.eq(room & ~host_busy),
+                self.req.ready.eq(room & ~(self.host.valid & ~host_busy)),
+            ]
         m.d.comb += [
             room.eq(level + s1_valid < Q),
-            self.host.ready.eq(room & ~host_busy),
             host_take.eq(self.host.valid & self.host.ready),
-            self.req.ready.eq(room & ~(self.host.valid & ~host_busy)),
             req_take.eq(self.req.valid & self.req.ready),
             issue.eq(host_take | req_take),
             rd.addr.eq(Mux(host_take, self.host.payload.index, self.req.payload.index)),
@@ -187,7 +285,7 @@ class QpContextStore(wiring.Component):
         # word; a write at the coming edge (w_*) replaces it on its way into the queue.
         lw_hit = Signal()
         w_hit_s1 = Signal()
-        s1_ctx = Signal(W)
+        s1_ctx = Signal(WD)
         incoming = Signal(entry)
         m.d.comb += [
             lw_hit.eq(lw_valid & (lw_addr == s1.index)),
@@ -196,6 +294,8 @@ class QpContextStore(wiring.Component):
             incoming.tok.eq(s1),
             incoming.ctx.eq(Mux(w_hit_s1, w_data, s1_ctx)),
         ]
+        if split:
+            m.d.comb += incoming.hctx.eq(hrd.data)
 
         # ------------------------------------------------------------ head
         head = Signal(entry)
@@ -203,12 +303,12 @@ class QpContextStore(wiring.Component):
             for k in range(Q):
                 with m.Case(k):
                     m.d.comb += head.eq(q[k])
+        head_ctx = whole(head)
         head_valid = Signal()
         head_host = Signal()
-        merged = Signal(W)
-        host_done = Signal()
+        merged = Signal(QP_CONTEXT.width)
         pop = Signal()
-        bit_mask = Signal(W)
+        bit_mask = Signal(QP_CONTEXT.width)
         m.d.comb += [
             bit_mask.eq(Cat(*(h_mask[i].replicate(f.width) for i, f in enumerate(QP_CONTEXT.fields)))),
             head_valid.eq(level != 0),
@@ -216,9 +316,9 @@ class QpContextStore(wiring.Component):
             self.resp.valid.eq(head_valid & ~head.tok.host),
             self.resp.payload.index.eq(head.tok.index),
             self.resp.payload.user.eq(head.tok.user),
-            self.resp.payload.ctx.eq(head.ctx),
+            self.resp.payload.ctx.eq(head_ctx),
             # A READ has an all-zero mask: ``merged`` is then the context itself.
-            merged.eq((head.ctx & ~bit_mask) | (h_ctx & bit_mask)),
+            merged.eq((head_ctx & ~bit_mask) | (h_ctx & bit_mask)),
             # A host WRITE yields the write port to a write-back of the same cycle and holds.
             host_done.eq(head_host & ~(h_write & self.wb.valid)),
             self.host_resp.valid.eq(host_done),
@@ -226,15 +326,19 @@ class QpContextStore(wiring.Component):
             pop.eq((self.resp.valid & self.resp.ready) | host_done),
             w_en.eq(self.wb.valid | (host_done & h_write)),
             w_addr.eq(Mux(self.wb.valid, self.wb.payload.index, head.tok.index)),
-            w_data.eq(Mux(self.wb.valid, self.wb.payload.ctx, merged)),
+            w_data.eq(Mux(self.wb.valid, self._part(self.wb.payload.ctx.as_value(), self.wb_fields),
+                          self._part(merged, self.wb_fields))),
         ]
+        if split:
+            m.d.comb += [hwr.en.eq(host_done & h_write), hwr.addr.eq(head.tok.index),
+                         hwr.data.eq(self._part(merged, self.host_fields))]
         with m.If(host_done):
             m.d.sync += host_busy.eq(0)
 
         # ------------------------------------------------------------ queue
         # A ring rather than a shift register: an entry never moves, so each bit only chooses
         # between the incoming token (load), the write of this edge (snoop hit) and itself
-        # (clock enable), and only the head pays a Q:1 multiplexer.
+        # (clock enable), and only the head pays a Q:1 multiplexer. The host fields only load.
         def advance(ptr):
             return Mux(ptr == Q - 1, 0, ptr + 1)
 

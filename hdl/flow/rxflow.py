@@ -145,6 +145,12 @@ def ann_layout(index_bits):
 CORE_RECORD_FIELDS = ("bth_opcode", "bth_psn", "bth_ackreq", "aeth_syndrome", "reth_dma_length",
                       "ieth_rkey", "immdt_data", "payload_len", "ipv6", "ipv4_ecn", "ipv6_ecn")
 
+# The QP-context fields the NIC core's transport writes back (RcTransport: the responder's
+# expected PSN and MSN). NicCore's store keeps only these of a write-back and forwards only
+# these between packets; the other 427 bits are written by host operations alone
+# (``QpContextStore(wb_fields=...)``). RcTransport asserts at elaboration that it writes these.
+CORE_WB_FIELDS = ("epsn", "msn")
+
 
 def rx_record_layout(fields=None):
     """The header record as the pipeline queues and hands it on: all of ``record_layout()``
@@ -189,9 +195,11 @@ def _delay(m, value, cycles, name):
 
 class RxFlowPipeline(wiring.Component):
     def __init__(self, data_width=64, *, qps=4096, mr_entries=1024, mr_pages=1024,
-                 rx_buffer_bytes=32768, records=256, pass_mr_failures=False, record_fields=None):
+                 rx_buffer_bytes=32768, records=256, pass_mr_failures=False, record_fields=None,
+                 wb_fields=None):
         self.pass_mr_failures = pass_mr_failures
         self.record_fields = record_fields
+        self.wb_fields = wb_fields
         self.data_width = data_width
         self.qps = qps
         self.mr_entries = mr_entries
@@ -200,7 +208,8 @@ class RxFlowPipeline(wiring.Component):
         self.records = records
         self.index_bits = max(1, (qps - 1).bit_length())
         beat = beat_layout(data_width)
-        self._store_sig = QpContextStore(qps, user_width=ann_layout(self.index_bits).size)
+        self._store_sig = QpContextStore(qps, user_width=ann_layout(self.index_bits).size,
+                                         wb_fields=wb_fields)
         super().__init__({
             "i":         In(stream.Signature(beat)),
             "o_meta":    Out(stream.Signature(rx_meta_layout(self.index_bits, record_fields))),

@@ -43,7 +43,7 @@ from ..cc.block import CongestionControl
 from ..csr import AxiLiteCsrBank
 from ..dma.axi4 import Axi4Signature
 from ..dma.engine import Dma
-from ..flow.rxflow import CORE_RECORD_FIELDS, RxFlowPipeline
+from ..flow.rxflow import CORE_RECORD_FIELDS, CORE_WB_FIELDS, RxFlowPipeline
 from ..hostif.axi_arbiter import Axi4Arbiter
 from ..hostif.queues import HostQueues, connect_queue_dma, queue_dma
 from ..net.deparser import Deparser
@@ -116,7 +116,8 @@ class NicCore(wiring.Component):
         W = self.data_width
         m.submodules.pipe = pipe = RxFlowPipeline(W, qps=self.qps, mr_entries=self.mr_entries,
                                                   mr_pages=self.mr_pages, pass_mr_failures=True,
-                                                  record_fields=CORE_RECORD_FIELDS)
+                                                  record_fields=CORE_RECORD_FIELDS,
+                                                  wb_fields=CORE_WB_FIELDS)
         m.submodules.transport = tp = RcTransport(W, qps=self.qps, sq_depth=self.sq_depth,
                                                   rq_depth=self.rq_depth)
         m.submodules.builder = tb = TxBuilder(W, tp.index_bits)

@@ -118,7 +118,7 @@ from amaranth.lib.wiring import In, Out
 from ..csr import block_signature
 from ..flow.fields import QP_CONTEXT, QpState
 from ..flow.layouts import qp_context_layout, struct_layout
-from ..flow.rxflow import CORE_RECORD_FIELDS, rx_meta_layout
+from ..flow.rxflow import CORE_RECORD_FIELDS, CORE_WB_FIELDS, rx_meta_layout
 from ..net.layout import beat_layout
 from ..regmap import GIDS, REGMAP, transport_config
 from .formats import (
@@ -837,11 +837,14 @@ class RcTransport(wiring.Component):
         # wb.valid / sqd_wr.en wait for the decision. wb.valid comes in the clock rx_meta is
         # taken, with the packet's own context (ictx) and the epsn/msn it leaves.
         m.d.comb += [ns_do.eq(s), ns_resp.eq(s)]     # (the states change some fields)
+        # NicCore's store keeps only CORE_WB_FIELDS of a write-back; the rest is ictx again.
+        wb_new = {"epsn": rsp_epsn,      # psn + (READ: read_n, else 1)
+                  "msn": new_msn}
+        assert set(wb_new) == set(CORE_WB_FIELDS), "the write-back fields are CORE_WB_FIELDS"
+        m.d.comb += self.wb.payload.ctx.eq(ictx)
+        m.d.comb += [getattr(self.wb.payload.ctx, f).eq(v) for f, v in wb_new.items()]
         m.d.comb += [
             self.wb.payload.index.eq(qp),
-            self.wb.payload.ctx.eq(ictx),
-            self.wb.payload.ctx.epsn.eq(rsp_epsn),     # psn + (READ: read_n, else 1)
-            self.wb.payload.ctx.msn.eq(new_msn),
             sqd_wr.addr.eq(Cat(s.sq_head[:SQB], qp)),
             sqd_wr.data.eq(wrq.inline_data),
         ]

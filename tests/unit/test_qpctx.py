@@ -8,6 +8,10 @@ host READ returns the model and every host WRITE returns the merge of the model;
 host completions come in issue order; ``user`` and ``index`` travel with their request; the
 final memory equals the model. The consumer writes back a modified context in the same cycle
 it takes a packet, so runs of one QP chain read-modify-writes through the forwarding paths.
+
+A store built with ``wb_fields`` (as NicCore builds it: the transport writes back ``epsn`` and
+``msn``) keeps only those fields of a write-back: the model merges a ``wb`` with that field
+mask, and the write-backs here change other fields too (junk the store must ignore).
 """
 
 from collections import deque
@@ -22,6 +26,7 @@ from stellar.sim.amaranth_streams import run_seeds, seeded_rng
 W = QP_CONTEXT.width
 FULL_MASK = (1 << len(QP_CONTEXT.fields)) - 1
 OTHER_FIELDS = [f for f in QP_CONTEXT.fields if f.name not in ("epsn", "msn")]
+CORE_WB = ("epsn", "msn")      # what RcTransport writes back (RcTransport.WB_FIELDS)
 
 
 def modify(rng, c):
@@ -56,6 +61,7 @@ class Harness:
         self.ib = dut.index_bits
         self.uw = dut.user_width
         self.model = [0] * dut.depth
+        self.wb_mask = QP_CONTEXT.mask(dut.wb_fields)
         self.inflight = deque()      # issued tokens in order: ("pkt", index, user, edge) / ("host", ...)
         self.edge = 0
         self.req_edges = []          # edge of each req transfer
@@ -151,7 +157,7 @@ class Harness:
                 self.model[index] = expect
             self.host_log.append((issued, self.edge, op, index, h_ctx))
         if wb is not None:
-            self.model[wb[0]] = wb[1]
+            self.model[wb[0]] = QP_CONTEXT.merge(self.model[wb[0]], wb[1], self.wb_mask)
             self.wb_count += 1
 
         req_taken = req is not None and bool(req_ready)
@@ -176,7 +182,9 @@ class Harness:
         raise AssertionError(f"tokens left in the store: {list(self.inflight)}")
 
     def check_memory(self, ctx):
-        got = [ctx.get(self.dut.mem_data[i]) for i in range(self.dut.depth)]
+        d = self.dut
+        got = [d.context(ctx.get(d.mem_data[i]), ctx.get(d.host_mem_data[i]) if d.host_fields else 0)
+               for i in range(d.depth)]
         bad = [i for i in range(self.dut.depth) if got[i] != self.model[i]]
         assert not bad, f"memory differs from the model at QPs {bad}"
 
@@ -255,18 +263,22 @@ PATTERNS = {
 
 @pytest.mark.parametrize("seed", run_seeds([1, 2, 3]))
 @pytest.mark.parametrize("pattern", sorted(PATTERNS))
-@pytest.mark.parametrize("depth,user_width,queue", [(16, 5, 4), (64, 0, 4), (16, 3, 2), (16, 3, 1)])
-def test_random_traffic(depth, user_width, queue, pattern, seed):
+@pytest.mark.parametrize("depth,user_width,queue,wb_fields", [
+    (16, 5, 4, None), (64, 0, 4, None), (16, 3, 2, None), (16, 3, 1, None),
+    (16, 5, 4, CORE_WB), (64, 0, 4, CORE_WB), (16, 3, 2, CORE_WB)])
+def test_random_traffic(depth, user_width, queue, wb_fields, pattern, seed):
     """Packets (runs on one QP, a few QPs or all of them) with idle cycles, random resp
     backpressure, a same-cycle write-back of every packet, late write-backs to random QPs, and
     host READs and masked WRITEs interleaved at random: every resp ctx (in every cycle it is
     valid), every host result and the final memory match the model; order, index and user
     are kept; a final host READ of every QP returns the model. Also with a queue of 1 and 2
-    entries (not full rate, still exact)."""
-    rng = seeded_rng(f"qpctx-random-{depth}-{queue}-{pattern}", seed)
+    entries (not full rate, still exact), and with the write-back limited to ``epsn``/``msn``
+    (the other fields of every write-back are changed at random and must be ignored)."""
+    tag = "" if wb_fields is None else "-core"
+    rng = seeded_rng(f"qpctx-random-{depth}-{queue}-{pattern}{tag}", seed)
     pick, p_req, p_ready, p_host, p_spont = PATTERNS[pattern]
     qps = pick(depth, rng)
-    dut = QpContextStore(depth, user_width=user_width, queue=queue)
+    dut = QpContextStore(depth, user_width=user_width, queue=queue, wb_fields=wb_fields)
     h = Harness(dut, rng)
     n = 700 if queue >= 4 else 300
     packets = [(rng.choice(qps), rng.getrandbits(user_width)) for _ in range(n)]
@@ -295,15 +307,16 @@ def test_random_traffic(depth, user_width, queue, pattern, seed):
 # Throughput and latency
 
 
+@pytest.mark.parametrize("wb_fields", [None, CORE_WB], ids=["all", "core"])
 @pytest.mark.parametrize("queue", [3, 4])
 @pytest.mark.parametrize("pattern", ["one_qp", "two_qps_alternating", "random_qps"])
-def test_one_packet_per_clock(pattern, queue):
+def test_one_packet_per_clock(pattern, queue, wb_fields):
     """req always valid, resp always ready, no host ops: one req transfer per clock, one resp
     per clock without a bubble, each exactly LATENCY clocks after its req, and on one QP every
     packet sees the epsn its predecessor wrote back in the previous cycle."""
     rng = seeded_rng(f"qpctx-rate-{pattern}-{queue}", 7)
     depth = 16
-    dut = QpContextStore(depth, user_width=4, queue=queue)
+    dut = QpContextStore(depth, user_width=4, queue=queue, wb_fields=wb_fields)
     assert dut.LATENCY == 2
     h = Harness(dut, rng)
     n = 200
@@ -366,16 +379,17 @@ def test_queue_absorbs_stall(queue):
 # Forwarding
 
 
+@pytest.mark.parametrize("wb_fields", [None, CORE_WB], ids=["all", "core"])
 @pytest.mark.parametrize("same_qp", [True, False])
 @pytest.mark.parametrize("offset", [-2, -1, 0, 1, 2, 3])
-def test_forwarding_write_around_read(offset, same_qp):
+def test_forwarding_write_around_read(offset, same_qp, wb_fields):
     """A write-back ``offset`` clocks after the edge at which the memory samples a request's
     address (0: the same edge -- a read-during-write collision the store must not leave to the
     block RAM; 1: while the read is in flight; 2, 3: while the response waits in the queue,
     resp stalled until clock 5): the response carries it exactly when it is to the same QP and
     at an edge before the cycle (checked in every cycle the response is valid)."""
     rng = seeded_rng(f"qpctx-fwd-{offset}-{same_qp}", 11)
-    dut = QpContextStore(16, user_width=2)
+    dut = QpContextStore(16, user_width=2, wb_fields=wb_fields)
     h = Harness(dut, rng)
     qp, other = 6, 9
     new = rng.getrandbits(W)
@@ -393,18 +407,19 @@ def test_forwarding_write_around_read(offset, same_qp):
         assert h.req_edges[-1] == base
         (edge, index, user, got), = h.resp_log
         assert (edge, index, user) == (base + 5, qp, 1)
-        assert got == (new if same_qp else old)
+        assert got == (QP_CONTEXT.merge(old, new, h.wb_mask) if same_qp else old)
 
     simulate(dut, body)
 
 
-def test_forwarding_same_edge_every_position():
+@pytest.mark.parametrize("wb_fields", [None, CORE_WB], ids=["all", "core"])
+def test_forwarding_same_edge_every_position(wb_fields):
     """A write to QP q at the same edge as a read of q, on every clock of a run where the
     memory is read back to back (one QP, resp always ready, consumer writes back every packet
     and an extra write-back lands on the QP of the read being issued). Without the registered
     last write the simulator's memory returns the old word and the model check fails."""
     rng = seeded_rng("qpctx-fwd-edge", 5)
-    dut = QpContextStore(16, user_width=0)
+    dut = QpContextStore(16, user_width=0, wb_fields=wb_fields)
     h = Harness(dut, rng)
 
     async def body(ctx):
@@ -428,12 +443,13 @@ def test_forwarding_same_edge_every_position():
 # Host operations
 
 
-def test_host_write_waits_for_writeback():
+@pytest.mark.parametrize("wb_fields", [None, CORE_WB], ids=["all", "core"])
+def test_host_write_waits_for_writeback(wb_fields):
     """A host WRITE at the head while write-backs arrive every clock: the head holds (one
     memory write per clock), the write completes in the first clock without a write-back and
     merges into the latest written context; the packets queued behind it see the merge."""
     rng = seeded_rng("qpctx-host-hold", 2)
-    dut = QpContextStore(16, user_width=3)
+    dut = QpContextStore(16, user_width=3, wb_fields=wb_fields)
     h = Harness(dut, rng)
     qp = 4
     data = rng.getrandbits(W)
@@ -453,19 +469,24 @@ def test_host_write_waits_for_writeback():
                 host = None
         await h.drain(ctx)
         (issued, done, op, index, got), = h.host_log[dut.depth:]
-        assert issued == start and done == start + 10, (issued, done)
+        # With host fields the packet waiting after the preload's last host op goes first.
+        turn = 0 if wb_fields is None else 1
+        assert issued == start + turn and done == start + 10, (issued, done)
         assert QP_CONTEXT.unpack(got)["dst_ip"] == QP_CONTEXT.unpack(data)["dst_ip"]
         h.check_memory(ctx)
 
     simulate(dut, body)
 
 
-def test_host_priority_and_in_order():
+@pytest.mark.parametrize("wb_fields", [None, CORE_WB], ids=["all", "core"])
+def test_host_priority_and_in_order(wb_fields):
     """Host and req both valid: the host token is taken (req.ready low in that clock); one host
     op in flight at a time; a host WRITE issued before packets of its QP is seen by them, and
-    a packet issued before a host READ has its write-back in the READ's result."""
+    a packet issued before a host READ has its write-back in the READ's result. With host
+    fields (``wb_fields``), packets wait while a host op is in flight, and one waiting packet
+    issues between two host ops."""
     rng = seeded_rng("qpctx-host-prio", 4)
-    dut = QpContextStore(16, user_width=3)
+    dut = QpContextStore(16, user_width=3, wb_fields=wb_fields)
     h = Harness(dut, rng)
     ops = random_host_ops(rng, 30, [1, 2])
 
@@ -482,13 +503,19 @@ def test_host_priority_and_in_order():
                                    consume=lambda t: (t[0], modify(rng, t[1])) if t else None)
             if ht:
                 # Taken as soon as the previous host op is done (never starved by req).
-                prev_done = h.host_log[-1][1] if len(h.host_log) > dut.depth else -1
-                assert h.edge - 1 <= max(offered_at, prev_done + 1), "host op starved"
+                prev_done = h.host_log[-1][1]     # (the preload's last op, for the first one)
+                # With host fields, a waiting packet issues first after a host op is done.
+                turn = 0 if wb_fields is None else 1
+                assert h.edge - 1 <= max(offered_at, prev_done + 1 + turn), "host op starved"
                 i, offered_at = i + 1, None
         await h.drain(ctx)
         h.check_memory(ctx)
 
     simulate(dut, body)
     assert len(h.host_log) == dut.depth + len(ops)
-    # Packets were issued between host ops (the store interleaves them).
-    assert len(h.resp_log) > len(ops)
+    # Packets were issued between host ops (the store interleaves them; with host fields,
+    # one packet after each host op while host ops keep coming).
+    if wb_fields is None:
+        assert len(h.resp_log) > len(ops)
+    else:
+        assert len(h.resp_log) >= len(ops)

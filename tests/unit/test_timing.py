@@ -24,7 +24,8 @@ NIC_BLOCKS = {"rxflow": "pipe", "transport": "transport", "txbuild": "builder",
 RX_BLOCKS = {"rxparser": "parser", "flowtable": "flow", "mr": "mr", "qpctx": "store"}
 # the attributes that tell two instances' parameters apart (where the class keeps them)
 PARAMS = ("data_width", "qps", "sq_depth", "rq_depth", "mr_entries", "mr_pages", "index_bits",
-          "pass_mr_failures", "capacity", "entries", "pages", "depth", "user_width", "queue")
+          "pass_mr_failures", "capacity", "entries", "pages", "depth", "user_width", "queue",
+          "record_fields", "wb_fields")
 
 
 def _kw(cfg, **over):
