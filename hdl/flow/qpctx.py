@@ -174,10 +174,9 @@ class QpContextStore(wiring.Component):
         token = data.StructLayout({"index": ib, "user": self.user_width, "host": 1})
         entry = data.StructLayout({"tok": token, "ctx": WD, "hctx": WH})
 
-        def whole(e):
+        def whole(wb_part, host_part):
             ctx = Signal(QP_CONTEXT.width)
-            pos = 0
-            for names, part in ((self.wb_fields, e.ctx), (self.host_fields, e.hctx)):
+            for names, part in ((self.wb_fields, wb_part), (self.host_fields, host_part)):
                 pos = 0
                 for n in names:
                     w, off = QP_CONTEXT[n].width, QP_CONTEXT.offsets[n]
@@ -303,7 +302,13 @@ class QpContextStore(wiring.Component):
             for k in range(Q):
                 with m.Case(k):
                     m.d.comb += head.eq(q[k])
-        head_ctx = whole(head)
+        head_ctx = whole(head.ctx, head.hctx)
+        # The context a host operation merges into and returns. Its host fields come straight
+        # from the host memory's read port: nothing else issues while a host operation is in
+        # the pipeline, so the port holds the host token's word until it is done. The queue's
+        # copies of the host fields then feed ``resp`` alone, and in NicCore synthesis drops
+        # those nobody downstream reads.
+        cur_ctx = whole(head.ctx, hrd.data) if split else head_ctx
         head_valid = Signal()
         head_host = Signal()
         merged = Signal(QP_CONTEXT.width)
@@ -318,7 +323,7 @@ class QpContextStore(wiring.Component):
             self.resp.payload.user.eq(head.tok.user),
             self.resp.payload.ctx.eq(head_ctx),
             # A READ has an all-zero mask: ``merged`` is then the context itself.
-            merged.eq((head_ctx & ~bit_mask) | (h_ctx & bit_mask)),
+            merged.eq((cur_ctx & ~bit_mask) | (h_ctx & bit_mask)),
             # A host WRITE yields the write port to a write-back of the same cycle and holds.
             host_done.eq(head_host & ~(h_write & self.wb.valid)),
             self.host_resp.valid.eq(host_done),
