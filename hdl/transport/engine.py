@@ -729,6 +729,17 @@ class RcTransport(wiring.Component):
         m.d.comb += msg_end.eq(last | only | is_read)
         new_msn = Signal(24)
         m.d.sync += new_msn.eq(ictx.msn + msg_end)
+        # The opcode decode again, registered: a received packet's record holds still from IDLE
+        # to DO (LOAD, GOT, EVAL, CHK1, CHK2 between), so CHK2 and DO (the responder's decision
+        # and the entries it pushes) take these flip-flops instead of decoding the opcode in
+        # their own clock. The registered checks above still use the decode of their clock.
+        dec_r = {}
+        for name, val in (("is_send", is_send), ("is_write", is_write), ("is_read", is_read),
+                          ("first", first), ("middle", middle), ("last", last), ("only", only),
+                          ("with_imm", with_imm), ("with_inv", with_inv), ("is_req", is_req),
+                          ("is_resp", is_resp), ("needs_rq", needs_rq), ("msg_end", msg_end)):
+            dec_r[name] = Signal(name=f"{name}_r")
+            m.d.sync += dec_r[name].eq(val)
 
         # --- requester view of a response packet
         syn = rec.aeth_syndrome
@@ -1039,7 +1050,7 @@ class RcTransport(wiring.Component):
                 m.d.sync += qs_src.eq(Mux(ev == _Ev.TIMEOUT, SRC_REWIND, SRC_DO))
                 # a request packet waits here for room in pdq, mvq and invq (registered: DO
                 # pushes a clock later, and neither CHK1 nor CHK2 pushes)
-                with m.If((ev != _Ev.RX) | ~(is_req & ann.roce)
+                with m.If((ev != _Ev.RX) | ~(dec_r["is_req"] & ann.roce)
                           | (pdq_room & mvq_room & invq_room)):
                     m.next = "DO"
 
@@ -1074,19 +1085,19 @@ class RcTransport(wiring.Component):
 
                     # ------------------------------------------------ received packet
                     with m.Case(_Ev.RX):
-                        with m.If(is_req & ann.roce):
+                        with m.If(dec_r["is_req"] & ann.roce):
                             # (pdq, mvq and invq have room: checked in CHK2)
                             m.d.comb += [rx_take.eq(1), mv_push.eq(1), *write_state(ns)]
                             self._respond(m, ns, pde, pd_push, mve, locals())
                             m.next = "IDLE"
-                        with m.Elif(is_resp & ann.roce & (c.state == QpState.RTS) & ~s.err
+                        with m.Elif(dec_r["is_resp"] & ann.roce & (c.state == QpState.RTS) & ~s.err
                                     & resp_valid & syn_known):
                             m.d.sync += una0.eq(s.una)
                             m.next = "WALK"
                         with m.Else():
                             with m.If(mvq_room):
                                 m.d.comb += [rx_take.eq(1), mv_push.eq(1), mve.write.eq(0)]
-                                with m.If(is_resp & ann.roce):
+                                with m.If(dec_r["is_resp"] & ann.roce):
                                     m.d.comb += csr.rx_stale_inc.eq(1)
                                 with m.Elif(rec.bth_opcode == CNP_OPCODE):
                                     pass    # the reaction point took it (stellar.hdl.cc)
@@ -1272,7 +1283,7 @@ class RcTransport(wiring.Component):
 
     def _respond(self, m, ns, pde, pd_push, mve, env):
         """Responder: one request packet (DO state, pdq and mover have room)."""
-        v = SimpleNamespace(**env)
+        v = SimpleNamespace(**{**env, **env["dec_r"]})     # the registered opcode decode
         csr, rec, ictx, s, rqe = self.csr, v.rec, v.ictx, v.s, v.rqe
         psn = v.psn
         nak = Signal()
