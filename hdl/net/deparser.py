@@ -2,23 +2,32 @@
 #      (BTH and extension headers); RFC 791 (IPv4, header checksum); RFC 8200 (IPv6); RFC 768
 """RoCEv2 deparser: rebuilds the wire frame from a header record and a payload stream.
 
-Stage 1 serializes every header from the record into a 128-byte header window at the offsets the
-record implies (VLAN or not, IPv4 with options or IPv6, the opcode's extension headers),
-computing on the way the lengths (IPv4 total length / IPv6 payload length, UDP length), the BTH
-pad count, the EtherTypes and the IPv4 header checksum, over three registers: A derives the
-lengths, offsets, extension headers and partial sums of the IPv4 header words (without the total
-length), B the window (checksum 0) and the header's raw word sum, C folds that sum into the
-checksum and writes it into the window; B also turns the lengths into beat indices for stage 2.
-Stage 2 emits the frame one beat per clock: header bytes, then the payload shifted into place (a
-byte shifter over the previous and the current payload beat), zero pad bytes, the ICRC slot and
-zero Ethernet padding up to 60 bytes; with each beat it derives which lanes the ICRC masks,
-skips or forces to ones, and where the ICRC slot is (none of it depends on the data, so these
-controls and the lane selects are registered a beat ahead, and the header window shifts down one
-word per beat). Three registers follow: s2 holds the beat; s3 the beat and its ICRC word, the
-masked stream delayed by ``(-end) mod B`` bytes so that the ICRC's last byte ends a word (the
-init-0 CRC ignores the zero bytes this puts in front, so there is no partial last word to undo);
-the ICRC register is updated from s3's word as its beat enters s4, and s4 leaves with the
-finished ICRC written into its slot.
+Stage 1 serializes the headers of a record into two static registers, over three register
+stages A, B and C. The *front* holds the frame from byte 0 to the UDP header: Ethernet, the VLAN
+tag if any and the IP header (IPv4 with its options or IPv6), the IP header placed at 14 or 18
+(one 2:1 multiplexer). The *L4 window* holds UDP, BTH and the opcode's extension headers, moved
+by ``udp_off mod B`` bytes (so that it only has to be read by whole words: ``udp_off`` is
+always 2 mod 4, so at 64 bits this is again one 2:1 multiplexer) instead of being placed at any
+of the 12 possible UDP offsets. Stage A, from the record as it is accepted, builds both (with
+the lengths, the IPv4 total length and checksum left zero) and derives the lengths, offsets and
+partial sums of the IPv4 header words; B, from A's registers, adds those sums (the raw IPv4 word
+sum) and turns the lengths into beat indices for stage 2; C, as the frame enters the emit stage,
+folds the sum into the checksum and writes it, the IP and UDP lengths, into the copy the emit
+stage reads. At widths where a frame lasts two beats or more (64 bits: at least 8) A keeps its
+registers until the frame enters C (B holds only the small per-frame values), so there is one
+copy of the headers waiting and one being emitted; at wider widths (512 bits: a 60-byte frame
+is one beat) B holds a copy of A's too, so that a record can be accepted on every clock.
+Stage 2 emits the frame one beat per clock: header bytes (the front's or the L4 window's word
+for the beat, picked per lane at ``udp_off`` and registered a beat ahead), then the payload
+shifted into place (a byte shifter over the previous and the current payload beat), zero pad
+bytes, the ICRC slot and zero Ethernet padding up to 60 bytes; with each beat it derives which
+lanes the ICRC masks, skips or forces to ones, and where the ICRC slot is (none of it depends
+on the data, so these controls and the lane selects are registered a beat ahead). Three
+registers follow: s2 holds the beat; s3 the beat and its ICRC word, the masked stream delayed
+by ``(-end) mod B`` bytes so that the ICRC's last byte ends a word (the init-0 CRC ignores the
+zero bytes this puts in front, so there is no partial last word to undo; ``end`` is 2 mod 4, so
+the delay is 2 or 6 bytes at 64 bits); the ICRC register is updated from s3's word as its beat
+enters s4, and s4 leaves with the finished ICRC written into its slot.
 
 Ports:
   ``i_meta``  in   stream of header records (``layout.record_layout()``), one per frame. With
@@ -45,9 +54,8 @@ from amaranth.lib.wiring import In, Out
 from . import headers as H
 from .crc import crc_step, materialize
 from .icrc import icrc_delayed_word, icrc_lane_ctrl
-from .layout import MAX_FRAME_BITS, beat_layout, pack_header, record_layout
+from .layout import MAX_FRAME_BITS, beat_layout, byteswap, pack_header, record_layout
 from .parser import (
-    HEADER_WINDOW,
     L4_WINDOW,
     POS_BITS,
     UDP_OFFSETS,
@@ -59,6 +67,13 @@ from .parser import (
 __all__ = ["Deparser"]
 
 MIN_FRAME = 60
+# The front: every byte before the UDP header (Ethernet + VLAN + IPv4 with 40 option bytes).
+FRONT_BYTES = max(UDP_OFFSETS)
+# The UDP header starts at 2 mod 4 (14 or 18 + a multiple of 4) and every header after it is a
+# multiple of 4 bytes long, as is payload + pad: so the ICRC too starts at 2 mod 4.
+assert all(o % 4 == 2 for o in UDP_OFFSETS)
+assert all(h.size % 4 == 0 for h in (H.UDP, H.BTH) + H.EXT_HEADERS)
+ICRC_MOD4 = 2
 
 
 def _words_sum(lanes):
@@ -73,25 +88,23 @@ def _fields(r, h):
 
 
 class HeaderPrep(data.Struct):
-    """What stage A derives from a record for stage B (see ``Deparser._prepare``)."""
-    inner: 16                   # EtherType of the IP header
+    """What stage A derives from a record for stage B (see ``Deparser._prepare``); the headers
+    themselves go to the front and L4 window registers."""
     ip_off: 5                   # 14 or 18
-    pad: 2                      # BTH pad count
     udp_off: 7
     l4_len: 17                  # UDP length: UDP + BTH + extension headers + payload + pad + ICRC
     hlen: 7                     # header bytes before the payload
     end: POS_BITS               # offset of the ICRC
     end4: POS_BITS              # end + 4: stage B pads it to 60 for the frame length
-    options: H.MAX_IPV4_OPTIONS * 8     # IPv4 options, bytes past (ihl - 5) * 4 zeroed
-    ext: 28 * 8                 # extension headers packed by opcode
     total: 16                   # IPv4 total length
     csum_hdr: 20                # raw sum of the IPv4 header words (total length and checksum 0)
-    csum_opt: 5 * 18            # raw sums of the 16-bit option words 4g .. 4g + 3 (g < 5): B
-                                # adds them, csum_hdr and the total length
+    csum_opt: 5 * 18            # raw sums of the 16-bit option words 4g .. 4g + 3 (g < 5), those
+                                # past the IHL left out: B adds them, csum_hdr and the total length
 
 
 class FrameLayout(data.Struct):
     raw: 1
+    vlan: 1
     hlen: 7
     plen: MAX_FRAME_BITS
     end: POS_BITS
@@ -99,12 +112,16 @@ class FrameLayout(data.Struct):
     ip_off: 5
     udp_off: 7
     ipv6: 1
+    l4_len: 16                  # UDP length (and IPv6 payload length), for stage C
+    total: 16                   # IPv4 total length, for stage C
     # derived in stage B for the emit stage (beat indices, so that it compares only its counter)
     first: 8                    # beat of the first payload byte: hlen // B
     jpe: MAX_FRAME_BITS         # first + payload beats to consume (max(1, ceil(plen / B)))
     jl: MAX_FRAME_BITS          # the last beat: ceil(flen / B) - 1
     pay_end: POS_BITS           # hlen + plen
     k: 6                        # (-end) mod B: zero bytes that align the ICRC's end to a beat
+    uw: 7                       # udp_off // B: the beat of the UDP header's first byte
+    ew: POS_BITS                # end // B: the beat of the ICRC's first byte
 
 
 class Deparser(wiring.Component):
@@ -112,17 +129,36 @@ class Deparser(wiring.Component):
         assert data_width % 64 == 0
         self.data_width = data_width
         self.nbytes = data_width // 8
+        B = self.nbytes
+        # the L4 window is read by whole beats: it is moved by udp_off mod B bytes
+        self.rots = sorted({o % B for o in UDP_OFFSETS})
+        self.nf = -(-FRONT_BYTES // B)                       # front words
+        self.nl = -(-(L4_WINDOW + max(self.rots)) // B)      # L4 window words
         super().__init__({
             "i_meta": In(stream.Signature(record_layout())),
             "i": In(stream.Signature(beat_layout(data_width))),
             "o": Out(stream.Signature(beat_layout(data_width))),
         })
 
-    @staticmethod
-    def _prepare(m, r):
-        """Stage A, from the record ``r`` (combinational): the lengths and offsets, the IPv4
-        options masked to ``ihl``, the extension headers packed by opcode and the IPv4 header's
-        one's complement sum without its total length (a raw, unfolded sum)."""
+    def _rotate(self, m, value, udp_off, name):
+        """``value`` (L4 lanes) moved up by ``udp_off mod B`` bytes, over ``nl`` words."""
+        B = self.nbytes
+        lg = (B - 1).bit_length()
+        out = Signal(self.nl * B * 8, name=name)
+        if len(self.rots) == 1:
+            m.d.comb += out.eq(value << (self.rots[0] * 8))
+        else:
+            # udp_off is 2 mod 4: its bits 2 .. lg - 1 pick the rotation
+            with m.Switch(udp_off[2:lg]):
+                for rot in self.rots:
+                    with m.Case((rot - 2) // 4):
+                        m.d.comb += out.eq(value << (rot * 8))
+        return out
+
+    def _prepare(self, m, r):
+        """Stage A, from the record ``r`` (combinational): the lengths and offsets, the front
+        and the L4 window (lengths and checksum zero) and the IPv4 header's one's complement
+        sum without its total length (partial, unfolded sums)."""
         inner = Mux(r.ipv6, H.ETHERTYPE_IPV6, H.ETHERTYPE_IPV4)
         ip_off = Mux(r.vlan, 18, 14)
         ext_len, _known, _payload = ext_length(m, r.bth_opcode, name="tx_ext_len")
@@ -141,13 +177,28 @@ class Deparser(wiring.Component):
         end = materialize(m, hlen + plen_pad, "end")
         end4 = materialize(m, hlen + plen_pad4, "end4")
         l4_len = materialize(m, (ext_len + (H.UDP.size + H.BTH.size)) + plen_pad4, "l4_len")
-        # option word w (4 bytes) is in the header when w < ihl - 5: one compare per word
-        options = Cat(*(Mux(ihl > w + 5, r.ipv4_options[32 * w:32 * w + 32], 0)
-                        for w in range(H.MAX_IPV4_OPTIONS // 4)))
-        options = materialize(m, options, "ip4_options")
+        # The checksum's option words: option word w (4 bytes) is in the header when
+        # w < ihl - 5. Per group of two words the sum of both and of the first alone, then the
+        # one the IHL asks for (the options are not masked in the front: the L4 window
+        # overwrites every byte past the IP header).
+        opts = r.ipv4_options
+        csum_opt = []
+        for g in range(H.MAX_IPV4_OPTIONS // 8):
+            lo = materialize(m, _words_sum(opts[64 * g:64 * g + 32]), f"ip4_opt_sum{2 * g}")
+            hi = _words_sum(opts[64 * g + 32:64 * g + 64])
+            both = materialize(m, lo + hi, f"ip4_opt_sum{2 * g}_{2 * g + 1}")
+            csum_opt.append(Mux(ihl > 2 * g + 6, both, Mux(ihl > 2 * g + 5, lo, 0)))
         ip4_zero = pack_header(H.IPV4, {**_fields(r, H.IPV4), "version": 4,
                                         "protocol": H.IPPROTO_UDP, "total_length": 0,
                                         "checksum": 0})
+        ip6_zero = pack_header(H.IPV6, {**_fields(r, H.IPV6), "version": 6, "payload_length": 0,
+                                        "next_header": H.IPPROTO_UDP})
+        ip = Mux(r.ipv6, ip6_zero, Cat(ip4_zero, opts))
+        eth = pack_header(H.ETH, _fields(r, H.ETH))[:96]     # addresses; EtherType below
+        vlan = pack_header(H.VLAN, {**_fields(r, H.VLAN), "ethertype": inner})
+        front = Cat(eth, Mux(r.vlan, Cat(byteswap(Const(H.ETHERTYPE_VLAN, 16), 2), vlan, ip),
+                             Cat(byteswap(inner, 2), ip)))
+        assert len(front) == FRONT_BYTES * 8
         ext = Signal(28 * 8)
         by_chain = {}
         for code, op in H.OPCODES.items():
@@ -158,67 +209,39 @@ class Deparser(wiring.Component):
                     continue
                 with m.Case(*codes):
                     m.d.comb += ext.eq(Cat(*(pack_header(h, _fields(r, h)) for h in chain)))
+        udp = pack_header(H.UDP, {**_fields(r, H.UDP), "dport": H.ROCEV2_UDP_PORT, "length": 0})
+        bth = pack_header(H.BTH, {**_fields(r, H.BTH), "pad_count": pad})
+        l4 = Cat(udp, bth, ext)
+        assert len(l4) == L4_WINDOW * 8
         m.d.comb += [
-            p.inner.eq(inner),
             p.ip_off.eq(ip_off),
-            p.pad.eq(pad),
             p.udp_off.eq(udp_off),
             p.l4_len.eq(l4_len),
             p.hlen.eq(hlen),
             p.end.eq(end),
             p.end4.eq(end4),
-            p.options.eq(options),
-            p.ext.eq(ext),
             p.total.eq(ihl * 4 + l4_len),
             p.csum_hdr.eq(_words_sum(ip4_zero)),
-            p.csum_opt.eq(Cat(*(_words_sum(options[64 * g:64 * g + 64])
-                                for g in range(H.MAX_IPV4_OPTIONS // 8)))),
+            p.csum_opt.eq(Cat(*csum_opt)),
         ]
-        return p
+        return p, front, self._rotate(m, l4, udp_off, "tx_l4_rot")
 
-    @staticmethod
-    def _assemble(m, r, p):
+    def _layout(self, m, r, p):
         """Stage B, from the registered record ``r`` and stage A's ``p`` (combinational): the
-        header window (lanes) with a zero IPv4 checksum, the IPv4 header's raw word sum (stage
-        C folds it into the checksum) and the frame layout."""
-        total = p.total
+        IPv4 header's raw word sum (stage C folds it into the checksum) and the frame layout
+        with its beat indices for the emit stage."""
+        B = self.nbytes
+        lg = (B - 1).bit_length()
         # the raw sum of every IPv4 header word; stage C folds it (RFC 1071)
-        raw = materialize(m, tree_sum([p.csum_hdr, total]
+        raw = materialize(m, tree_sum([p.csum_hdr, p.total]
                                       + [p.csum_opt[18 * g:18 * g + 18]
                                          for g in range(H.MAX_IPV4_OPTIONS // 8)]),
                           "ip4_sum_raw")
-        eth = pack_header(H.ETH, {**_fields(r, H.ETH),
-                                  "ethertype": Mux(r.vlan, H.ETHERTYPE_VLAN, p.inner)})
-        vlan = pack_header(H.VLAN, {**_fields(r, H.VLAN), "ethertype": p.inner})
-        ip4 = Cat(pack_header(H.IPV4, {**_fields(r, H.IPV4), "version": 4,
-                                       "protocol": H.IPPROTO_UDP, "total_length": total,
-                                       "checksum": 0}), p.options)
-        ip6 = pack_header(H.IPV6, {**_fields(r, H.IPV6), "version": 6,
-                                   "payload_length": p.l4_len[:16],
-                                   "next_header": H.IPPROTO_UDP})
-        udp = pack_header(H.UDP, {**_fields(r, H.UDP), "dport": H.ROCEV2_UDP_PORT,
-                                  "length": p.l4_len[:16]})
-        bth = pack_header(H.BTH, {**_fields(r, H.BTH), "pad_count": p.pad})
-        l4 = Cat(udp, bth, p.ext)
-        assert len(l4) == L4_WINDOW * 8
-
-        win = Signal(HEADER_WINDOW * 8)
-        ip = materialize(m, Mux(r.ipv6, ip6, ip4), "ip_hdr")
-        l4 = materialize(m, l4, "l4_hdr")
-        placed_l4 = Signal(HEADER_WINDOW * 8)
-        with m.Switch(p.udp_off):
-            for off in UDP_OFFSETS:
-                with m.Case(off):
-                    m.d.comb += placed_l4.eq(l4 << (off * 8))
-        m.d.comb += win.eq(
-            eth
-            | Mux(r.vlan, vlan << (14 * 8), 0)
-            | Mux(r.vlan, ip << (18 * 8), ip << (14 * 8))
-            | placed_l4)
-
         lay = Signal(FrameLayout)
+        n_pay = Mux(r.payload_len == 0, 1, (r.payload_len + B - 1) >> lg)
         m.d.comb += [
             lay.raw.eq(~r.roce),
+            lay.vlan.eq(r.vlan),
             lay.hlen.eq(p.hlen),
             lay.plen.eq(r.payload_len),
             lay.end.eq(p.end),
@@ -226,76 +249,94 @@ class Deparser(wiring.Component):
             lay.ip_off.eq(p.ip_off),
             lay.udp_off.eq(p.udp_off),
             lay.ipv6.eq(r.ipv6),
-        ]
-        return win, raw, lay
-
-    @staticmethod
-    def _checksum(m, win, raw, vlan, ipv6):
-        """Stage C (combinational): the window ``win`` of stage B with the IPv4 checksum, the
-        one's complement of the raw sum ``raw`` folded twice, in its place (none for IPv6)."""
-        csum = materialize(m, ~ones_complement_fold(raw), "ip4_checksum")
-        field = pack_header(H.IPV4, {"checksum": csum})
-        placed = Mux(vlan, field << (18 * 8), field << (14 * 8))
-        return win | Mux(ipv6, 0, placed)
-
-    def _beats(self, m, r, p, lay):
-        """Stage B's per-frame beat indices for the emit stage (``FrameLayout.first`` ..)."""
-        B = self.nbytes
-        lg = (B - 1).bit_length()
-        n_pay = Mux(r.payload_len == 0, 1, (r.payload_len + B - 1) >> lg)
-        m.d.comb += [
+            lay.l4_len.eq(p.l4_len[:16]),
+            lay.total.eq(p.total),
             lay.first.eq(p.hlen >> lg),
             lay.jpe.eq((p.hlen >> lg) + n_pay),
             lay.jl.eq(Mux(p.end4 > MIN_FRAME, p.end4 - 1, MIN_FRAME - 1) >> lg),
             lay.pay_end.eq(p.hlen + r.payload_len),
             lay.k.eq((-p.end)[:lg] if lg else 0),
+            lay.uw.eq(p.udp_off >> lg),
+            lay.ew.eq(p.end >> lg),
         ]
+        return raw, lay
+
+    def _finish(self, m, front, l4, raw, lay):
+        """Stage C (combinational): the front and the L4 window of stage A with the IP and UDP
+        lengths and the IPv4 checksum (the one's complement of the raw sum ``raw`` folded
+        twice; none for IPv6) written into their (zero) fields."""
+        csum = materialize(m, ~ones_complement_fold(raw), "ip4_checksum")
+        v4 = ~lay.ipv6
+        ip_fields = (pack_header(H.IPV4, {"total_length": Mux(v4, lay.total, 0),
+                                          "checksum": Mux(v4, csum, 0)})
+                     | pack_header(H.IPV6, {"payload_length": Mux(v4, 0, lay.l4_len)})[:160])
+        placed = Mux(lay.vlan, ip_fields << (18 * 8), ip_fields << (14 * 8))
+        front_full = materialize(m, front | placed, "tx_front_full")
+        udp_len = self._rotate(m, pack_header(H.UDP, {"length": lay.l4_len}), lay.udp_off,
+                               "tx_udp_len_rot")
+        l4_full = materialize(m, l4 | udp_len, "tx_l4_full")
+        return front_full, l4_full
 
     def elaborate(self, platform):
         m = Module()
         B = self.nbytes
         lg = (B - 1).bit_length()
-        NW = -(-HEADER_WINDOW // B)
         beat = beat_layout(self.data_width)
+        # a frame lasts two beats or more: A's registers wait for the emit stage (one copy of
+        # the headers waiting, one being read); else B holds a copy, for a record per clock
+        hold_a = -(-MIN_FRAME // B) >= 2
 
         # ---------------------------------------------------------------- stage 1: headers
-        # Three register stages: A (lengths, offsets, options, extension headers, partial sums
-        # of the IPv4 header words), B (the header window, the raw IPv4 word sum) and C (the
-        # checksum folded and written into the window). In one clock the chain opcode ->
-        # lengths -> checksum adders -> window placement was 17 logic levels, 16 ns on an ECP5
-        # at speed 8; with the fold in B, 8.6 ns.
-        prep_c = self._prepare(m, self.i_meta.payload)
+        # Three register stages: A (front, L4 window, lengths, offsets, partial sums of the
+        # IPv4 header words), B (the raw IPv4 word sum and the frame layout) and C (the emit
+        # stage's copy of the headers, with the checksum folded and the lengths written).
+        prep_c, front_c, l4_c = self._prepare(m, self.i_meta.payload)
         sa_valid = Signal()
         sa_r = Signal(record_layout())
         sa_p = Signal(HeaderPrep)
+        sa_front = Signal(len(front_c))
+        sa_l4 = Signal(len(l4_c))
         sa_pop = Signal()
         sb_valid = Signal()
-        sb_win = Signal(HEADER_WINDOW * 8)
         sb_raw = Signal(21)
-        sb_vlan = Signal()
         sb = Signal(FrameLayout)
         sb_pop = Signal()
         s1_valid = Signal()
-        s1_win = Signal(NW * B * 8)
+        s1_front = Signal(self.nf * B * 8)
+        s1_l4 = Signal(self.nl * B * 8)
         s1 = Signal(FrameLayout)
         s1_pop = Signal()
-        m.d.comb += [
-            self.i_meta.ready.eq(~sa_valid | sa_pop),
-            sa_pop.eq(sa_valid & (~sb_valid | sb_pop)),
-            sb_pop.eq(sb_valid & (~s1_valid | s1_pop)),
-        ]
+        if hold_a:
+            # A is free once its frame enters the emit stage; B is computed once per frame
+            m.d.comb += [
+                self.i_meta.ready.eq(~sa_valid | sb_pop),
+                sa_pop.eq(sa_valid & ~sb_valid),
+            ]
+            free_a = sb_pop
+        else:
+            m.d.comb += [
+                self.i_meta.ready.eq(~sa_valid | sa_pop),
+                sa_pop.eq(sa_valid & (~sb_valid | sb_pop)),
+            ]
+            free_a = sa_pop
+        m.d.comb += sb_pop.eq(sb_valid & (~s1_valid | s1_pop))
         with m.If(self.i_meta.valid & self.i_meta.ready):
-            m.d.sync += [sa_valid.eq(1), sa_r.eq(self.i_meta.payload), sa_p.eq(prep_c)]
-        with m.Elif(sa_pop):
+            m.d.sync += [sa_valid.eq(1), sa_r.eq(self.i_meta.payload), sa_p.eq(prep_c),
+                         sa_front.eq(front_c), sa_l4.eq(l4_c)]
+        with m.Elif(free_a):
             m.d.sync += sa_valid.eq(0)
-        win_c, raw_c, lay_c = self._assemble(m, sa_r, sa_p)
-        self._beats(m, sa_r, sa_p, lay_c)
+        raw_c, lay_c = self._layout(m, sa_r, sa_p)
         with m.If(sa_pop):
-            m.d.sync += [sb_valid.eq(1), sb_win.eq(win_c), sb_raw.eq(raw_c),
-                         sb_vlan.eq(sa_r.vlan), sb.eq(lay_c)]
+            m.d.sync += [sb_valid.eq(1), sb_raw.eq(raw_c), sb.eq(lay_c)]
         with m.Elif(sb_pop):
             m.d.sync += sb_valid.eq(0)
-        win_full = materialize(m, self._checksum(m, sb_win, sb_raw, sb_vlan, sb.ipv6), "win_full")
+        if hold_a:
+            sb_front, sb_l4 = sa_front, sa_l4
+        else:
+            sb_front, sb_l4 = Signal.like(sa_front), Signal.like(sa_l4)
+            with m.If(sa_pop):
+                m.d.sync += [sb_front.eq(sa_front), sb_l4.eq(sa_l4)]
+        front_full, l4_full = self._finish(m, sb_front, sb_l4, sb_raw, sb)
         with m.If(sb_pop):
             m.d.sync += [s1_valid.eq(1), s1.eq(sb)]
         with m.Elif(s1_pop):
@@ -321,15 +362,16 @@ class Deparser(wiring.Component):
             return Cat(Const(b, lg), jv) if lg else jv
 
         shift = s1.hlen[:lg] if lg else Const(0, 1)
-        # need (this beat consumes a payload beat), is_last, which lanes take header bytes
-        # (hsel) or payload bytes (psel) and the ICRC controls, all registered for the beat to
-        # come (from j_next = j + 1, or for beat 0 from stage B's layout as a frame enters the
-        # emit stage); the header window shifts down one word per beat. So the ready chain
-        # (output -> payload input -> record input) starts at flip-flops and the beat is two
-        # multiplexer levels after the payload shifter.
+        # need (this beat consumes a payload beat), is_last, the beat's header word (hdr),
+        # which lanes take header bytes (hsel) or payload bytes (psel) and the ICRC controls,
+        # all registered for the beat to come (from j_next = j + 1, or for beat 0 from stage
+        # B's layout as a frame enters the emit stage). So the ready chain (output -> payload
+        # input -> record input) starts at flip-flops and the beat is two multiplexer levels
+        # after the payload shifter.
         need = Signal()
         is_last = Signal()
         j_next = Signal.like(j, init=1)
+        hdr = Signal(B * 8)
         hsel = Signal(B)
         psel = Signal(B)
         # a lane whose payload byte comes from ``cur`` when no payload beat is consumed is
@@ -340,8 +382,6 @@ class Deparser(wiring.Component):
         else:
             pay = cur
         pay = materialize(m, pay, "pay")
-        # the window shifts down one word per beat: its low word is the beat's header word
-        hdr = s1_win[:B * 8]
         lanes, keep_last = [], []
         for b in range(B):
             lanes.append(Mux(hsel[b], hdr[b * 8:b * 8 + 8], Mux(psel[b], pay[b * 8:b * 8 + 8], 0)))
@@ -363,30 +403,49 @@ class Deparser(wiring.Component):
             self.i.ready.eq(proc & need),
             s1_pop.eq(proc & done),
         ]
-        def icrc_ctrl(jv, lay, name):
+
+        def header_word(jv, lay, front, l4):
+            """The header word of beat ``jv``: per lane the front's byte before ``udp_off``,
+            the L4 window's from there (L4 word ``jv - udp_off // B``)."""
+            nfb = max(1, (self.nf - 1).bit_length())
+            nlb = max(1, (self.nl - 1).bit_length())
+            fw = front.word_select(jv[:nfb], B * 8) if self.nf > 1 else front
+            lw = l4.word_select((jv - lay.uw)[:nlb], B * 8) if self.nl > 1 else l4
+            return Cat(*(Mux(at(b, jv) < lay.udp_off, fw[b * 8:b * 8 + 8], lw[b * 8:b * 8 + 8])
+                         for b in range(B)))
+
+        def icrc_ctrl(jv, lay, name, jprev=None):
             """The beat ``jv``'s ICRC lane controls (``zero``, ``ff``, ``nib``), ICRC slot
-            (lane b holds ICRC byte (b + base - end) when that is 0..3) and whether the beat
-            updates the ICRC, from the frame layout ``lay``."""
+            (the lanes that hold ICRC bytes: the slot starts at ``end``, 2 mod 4, so lane b
+            holds ICRC byte (b - 2) mod 4) and whether the beat updates the ICRC, from the
+            frame layout ``lay``; ``jprev`` is beat ``jv - 1`` (None for beat 0)."""
             zero, ff, nib = icrc_lane_ctrl(m, at(0, jv), lay.ip_off, lay.udp_off, lay.ipv6,
                                            lay.end, B, name=name)
-            ov_hit, ov_idx = [], []
+            el = lay.end[:lg] if lg else Const(0, 1)
+            in_ew = materialize(m, jv == lay.ew, f"{name}_in_ew")
+            in_ew1 = materialize(m, jprev == lay.ew, f"{name}_in_ew1") if jprev is not None \
+                else Const(0, 1)
+            ov_hit = []
             for b in range(B):
-                d = materialize(m, (at(b, jv) - lay.end)[:POS_BITS], f"{name}_ov{b}")
-                ov_hit.append(d < 4)
-                ov_idx.append(d[:2])
-            return [zero, ff, nib, Cat(*ov_hit), Cat(*ov_idx), at(0, jv) < lay.end]
+                here = in_ew & (el <= b) & (el + 4 > b)
+                spill = in_ew1 & (el + 4 > b + B)
+                ov_hit.append(here | spill)
+            return [zero, ff, nib, Cat(*ov_hit), at(0, jv) < lay.end]
 
         # the ICRC controls, registered for the beat to come like hsel / psel
         e_ctrl = [Signal(B, name="e_zero"), Signal(B, name="e_ff"), Signal(B, name="e_nib"),
-                  Signal(B, name="e_ov_hit"), Signal(2 * B, name="e_ov_idx"),
-                  Signal(name="e_update")]
-        zero, ff, nib, ov_hit, ov_idx, update = e_ctrl
-        e_next = icrc_ctrl(j_next, s1, "tx_icrc")
+                  Signal(B, name="e_ov_hit"), Signal(name="e_update")]
+        zero, ff, nib, ov_hit, update = e_ctrl
+        e_next = icrc_ctrl(j_next, s1, "tx_icrc", jprev=j)
         e_first = icrc_ctrl(Const(0, len(j)), sb, "tx_icrc0")
+        if B > min(UDP_OFFSETS):
+            hdr_first = header_word(Const(0, len(j)), sb, front_full, l4_full)
+        else:
+            hdr_first = front_full[:B * 8]
 
         lc = data.StructLayout({
             "beat": beat, "raw": 1, "first": 1, "update": 1, "k": 6,
-            "zero": B, "ff": B, "nib": B, "ov_hit": B, "ov_idx": 2 * B,
+            "zero": B, "ff": B, "nib": B, "ov_hit": B,
         })
         s2 = Signal(lc)
         s3 = Signal(lc)
@@ -406,19 +465,19 @@ class Deparser(wiring.Component):
             m.d.sync += [
                 s2.beat.eq(out), s2.raw.eq(s1.raw), s2.first.eq(j == 0),
                 s2.update.eq(update), s2.k.eq(s1.k),
-                s2.zero.eq(zero), s2.ff.eq(ff), s2.nib.eq(nib),
-                s2.ov_hit.eq(ov_hit), s2.ov_idx.eq(ov_idx),
+                s2.zero.eq(zero), s2.ff.eq(ff), s2.nib.eq(nib), s2.ov_hit.eq(ov_hit),
             ]
         # The per-beat registers load on a beat (proc) or as a frame enters (sb_pop); which
         # value is chosen from registers only (not through the handshake): the next frame's
         # beat 0 from stage B's layout after a frame's last beat or into an idle emit stage
         # (without sb_pop that value is stale and is loaded again by sb_pop, which comes before
-        # the frame's first beat), else the frame's next beat.
+        # the frame's first beat), else the frame's next beat. The front and the L4 window are
+        # loaded with them for a new frame and are read, not shifted, by the frame's beats.
         with m.If(proc | sb_pop):
             with m.If(done | ~s1_valid):
                 m.d.sync += [
                     need.eq(sb.raw | (sb.first == 0)), is_last.eq(sb.jl == 0),
-                    s1_win.eq(win_full),
+                    s1_front.eq(front_full), s1_l4.eq(l4_full), hdr.eq(hdr_first),
                     hsel.eq(Cat(*(b < sb.hlen for b in range(B)))),
                     psel.eq(Cat(*(b < sb.pay_end for b in range(B)))),
                 ]
@@ -427,13 +486,13 @@ class Deparser(wiring.Component):
                 m.d.sync += [
                     need.eq(s1.raw | ((j_next >= s1.first) & (j_next < s1.jpe))),
                     is_last.eq(j_next == s1.jl),
-                    s1_win.eq(s1_win >> (B * 8)),
+                    hdr.eq(header_word(j_next, s1, s1_front, s1_l4)),
                     hsel.eq(Cat(*(at(b, j_next) < s1.hlen for b in range(B)))),
                     psel.eq(Cat(*(at(b, j_next) < s1.pay_end for b in range(B)))),
                 ]
                 m.d.sync += [r.eq(v) for r, v in zip(e_ctrl, e_next, strict=True)]
         masked, word = icrc_delayed_word(m, s2.beat.data, s2.zero, s2.ff, s2.nib, s2.first, s2.k,
-                                         prev_masked, B, "tx_icrc")
+                                         prev_masked, B, "tx_icrc", k_mod4=(-ICRC_MOD4) % 4)
         with m.If(adv & s2_valid):
             m.d.sync += [s3.eq(s2), s3_word.eq(word), prev_masked.eq(masked)]
         # (built outside the If: comb statements inside it would gate the CRC's inputs)
@@ -445,7 +504,7 @@ class Deparser(wiring.Component):
 
         # ---------------------------------------------------------------- ICRC slot
         value = crc ^ 0xFFFFFFFF
-        with_icrc = Cat(*(Mux(s4.ov_hit[b], value.word_select(s4.ov_idx[2 * b:2 * b + 2], 8),
+        with_icrc = Cat(*(Mux(s4.ov_hit[b], value[((b - ICRC_MOD4) % 4) * 8:][:8],
                               s4.beat.data[b * 8:b * 8 + 8]) for b in range(B)))
         m.d.comb += [
             self.o.valid.eq(s4_valid),

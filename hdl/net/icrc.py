@@ -58,20 +58,31 @@ def icrc_mask(data, zero, ff, nib, nbytes):
     return Cat(*out)
 
 
-def icrc_delayed_word(m, data, zero, ff, nib, first, k, prev, nbytes, name):
+def icrc_delayed_word(m, data, zero, ff, nib, first, k, prev, nbytes, name, k_mod4=None):
     """The ICRC's input word for a beat of the stream delayed by ``k = (-end) mod nbytes``
     bytes, so that the ICRC ends a word. ``data`` and its lane controls (``zero``, ``ff``,
     ``nib``) come from registers; ``first`` marks a frame's first beat (nothing older to
     shift in); ``prev`` is the register the caller loads with the returned ``masked`` on
     every accepted beat. Returns ``(masked, word)``: this beat masked, and the delayed word,
     the top ``k`` bytes of the previous masked beat followed by the low ``nbytes - k`` of this
-    one (leading zero bytes are no-ops for the init-0 CRC)."""
+    one (leading zero bytes are no-ops for the init-0 CRC).
+
+    ``k_mod4``: when the caller knows ``k % 4`` (the deparser: a RoCEv2 ICRC always starts at
+    an offset that is 2 mod 4, so ``k % 4 == 2``), the shifter picks among ``nbytes / 4``
+    positions (``k[2:]``) instead of ``nbytes`` (a 2:1 multiplexer at 64 bits, not 8:1)."""
     masked = materialize(m, icrc_mask(data, zero, ff, nib, nbytes), f"{name}_masked")
     lg = (nbytes - 1).bit_length()
     if not lg:
         return masked, masked
     older = Mux(first, 0, prev)
-    word = Cat(older, masked).bit_select((nbytes - k[:lg]).as_unsigned() * 8, nbytes * 8)
+    both = Cat(older, masked)
+    if k_mod4 is None or nbytes < 4:
+        word = both.bit_select((nbytes - k[:lg]).as_unsigned() * 8, nbytes * 8)
+    elif nbytes == 4:
+        word = both[(4 - k_mod4) * 8:(8 - k_mod4) * 8]
+    else:
+        # nbytes - k = (4 - k_mod4) + 4 * (nbytes / 4 - 1 - k[2:]); the last term is ~k[2:]
+        word = both[(4 - k_mod4) * 8:].bit_select((~k[2:lg]).as_unsigned() * 32, nbytes * 8)
     return masked, word
 
 
