@@ -53,7 +53,7 @@ from amaranth.lib.wiring import In, Out
 
 from . import headers as H
 from .crc import crc_step, materialize
-from .icrc import icrc_delayed_word, icrc_lane_ctrl
+from .icrc import icrc_delayed_word
 from .layout import MAX_FRAME_BITS, beat_layout, byteswap, pack_header, record_layout
 from .parser import (
     L4_WINDOW,
@@ -73,7 +73,7 @@ FRONT_BYTES = max(UDP_OFFSETS)
 # multiple of 4 bytes long, as is payload + pad: so the ICRC too starts at 2 mod 4.
 assert all(o % 4 == 2 for o in UDP_OFFSETS)
 assert all(h.size % 4 == 0 for h in (H.UDP, H.BTH) + H.EXT_HEADERS)
-ICRC_MOD4 = 2
+ICRC_MOD4 = 2       # the ICRC's offset mod 4, and the payload's (hlen)
 
 
 def _words_sum(lanes):
@@ -193,22 +193,16 @@ class Deparser(wiring.Component):
                                         "checksum": 0})
         ip6_zero = pack_header(H.IPV6, {**_fields(r, H.IPV6), "version": 6, "payload_length": 0,
                                         "next_header": H.IPPROTO_UDP})
-        ip = Mux(r.ipv6, ip6_zero, Cat(ip4_zero, opts))
+        # IPv6 takes 40 bytes: past them the front's bytes are never sent (the L4 window's
+        # are), so the IPv4 options there need no multiplexer
+        ip4 = Cat(ip4_zero, opts)
+        ip = Cat(Mux(r.ipv6, ip6_zero, ip4[:len(ip6_zero)]), ip4[len(ip6_zero):])
         eth = pack_header(H.ETH, _fields(r, H.ETH))[:96]     # addresses; EtherType below
         vlan = pack_header(H.VLAN, {**_fields(r, H.VLAN), "ethertype": inner})
         front = Cat(eth, Mux(r.vlan, Cat(byteswap(Const(H.ETHERTYPE_VLAN, 16), 2), vlan, ip),
                              Cat(byteswap(inner, 2), ip)))
         assert len(front) == FRONT_BYTES * 8
-        ext = Signal(28 * 8)
-        by_chain = {}
-        for code, op in H.OPCODES.items():
-            by_chain.setdefault(op.ext, []).append(code)
-        with m.Switch(r.bth_opcode):
-            for chain, codes in by_chain.items():
-                if not chain:
-                    continue
-                with m.Case(*codes):
-                    m.d.comb += ext.eq(Cat(*(pack_header(h, _fields(r, h)) for h in chain)))
+        ext = self._extension_headers(m, r)
         udp = pack_header(H.UDP, {**_fields(r, H.UDP), "dport": H.ROCEV2_UDP_PORT, "length": 0})
         bth = pack_header(H.BTH, {**_fields(r, H.BTH), "pad_count": pad})
         l4 = Cat(udp, bth, ext)
@@ -225,6 +219,42 @@ class Deparser(wiring.Component):
             p.csum_opt.eq(Cat(*csum_opt)),
         ]
         return p, front, self._rotate(m, l4, udp_off, "tx_l4_rot")
+
+    @staticmethod
+    def _extension_headers(m, r):
+        """The opcode's extension headers, packed (28 bytes). Only the bytes of the opcode's
+        own chain are defined (the emit stage sends no byte past the header): every 4-byte
+        word (all extension headers are whole words) picks among the words the chains put
+        there, by a small index decoded from the opcode, instead of zeroing the rest."""
+        by_chain = {}
+        for code, op in H.OPCODES.items():
+            if op.ext:
+                by_chain.setdefault(op.ext, []).append(code)
+        packed = {h.name: pack_header(h, _fields(r, h)) for chain in by_chain for h in chain}
+        words = []
+        for w in range(28 // 4):
+            sources, pick = [], {}      # (header, word) this chain puts at word w
+            for chain in by_chain:
+                pos = 0
+                for h in chain:
+                    if pos <= 4 * w < pos + h.size:
+                        src = (h.name, (4 * w - pos) // 4)
+                        if src not in sources:
+                            sources.append(src)
+                        pick[chain] = sources.index(src)
+                    pos += h.size
+            data_ = [packed[n][32 * i:32 * i + 32] for n, i in sources]
+            if len(data_) <= 1:
+                words.append(data_[0] if data_ else Const(0, 32))
+                continue
+            idx = Signal(range(len(data_)), name=f"tx_ext_pick{w}")
+            with m.Switch(r.bth_opcode):
+                for chain, codes in by_chain.items():
+                    if chain in pick and pick[chain]:
+                        with m.Case(*codes):
+                            m.d.comb += idx.eq(pick[chain])
+            words.append(Cat(*data_).word_select(idx, 32))
+        return Cat(*words)
 
     def _layout(self, m, r, p):
         """Stage B, from the registered record ``r`` and stage A's ``p`` (combinational): the
@@ -276,6 +306,49 @@ class Deparser(wiring.Component):
                                "tx_udp_len_rot")
         l4_full = materialize(m, l4 | udp_len, "tx_l4_full")
         return front_full, l4_full
+
+    def _icrc_lanes(self, m, jv, lay, lanes_below, name):
+        """``icrc_lane_ctrl``'s ``zero``, ``ff`` and ``nib`` lane vectors for beat ``jv``,
+        from compares of the beat index: the IP header is at 14 or 18, so its positions are
+        constants picked by ``vlan``; those after ``udp_off`` and ``end`` compare ``jv``
+        with their beat and a constant with their lane."""
+        B = self.nbytes
+        lg = (B - 1).bit_length()
+
+        def beat_is(c):
+            return materialize(m, jv == c, f"{name}_j{c}")
+
+        def const_lanes(pos):
+            """Lanes at the constant offset ``pos`` (an int) in beat ``jv``."""
+            hit = beat_is(pos // B)
+            return Cat(*(hit if b == pos % B else Const(0, 1) for b in range(B)))
+
+        def const_below(pos):
+            """Lanes below the constant offset ``pos``."""
+            before = materialize(m, jv < pos // B, f"{name}_lt{pos // B}")
+            hit = beat_is(pos // B)
+            return Cat(*(before | hit if b < pos % B else before for b in range(B)))
+
+        def ip_lanes(c):
+            return Mux(lay.vlan, const_lanes(18 + c), const_lanes(14 + c))
+
+        def var_lanes(pos, c, name_):
+            x = materialize(m, pos + c, name_)
+            hit = materialize(m, jv == (x >> lg if lg else x), f"{name_}_j")
+            return Cat(*(hit & (x[:lg] == b) if lg else hit for b in range(B)))
+
+        below_pre = Mux(lay.vlan, const_below(14), const_below(10))
+        below_ip = Mux(lay.vlan, const_below(18), const_below(14))
+        below_end = lanes_below(jv, lay.end, f"{name}_end")
+        v4 = ip_lanes(1) | ip_lanes(8) | ip_lanes(10) | ip_lanes(11)
+        v6 = ip_lanes(1) | ip_lanes(2) | ip_lanes(3) | ip_lanes(7)
+        l4 = (var_lanes(lay.udp_off, 6, f"{name}_udp6") | var_lanes(lay.udp_off, 7, f"{name}_udp7")
+              | var_lanes(lay.udp_off, 12, f"{name}_udp12"))
+        zero = below_pre | ~below_end
+        ff = (~below_pre & below_ip) | Mux(lay.ipv6, v6, v4) | l4
+        nib = Mux(lay.ipv6, ip_lanes(0), 0)
+        return (materialize(m, zero, f"{name}_zero"), materialize(m, ff, f"{name}_ff"),
+                materialize(m, nib, f"{name}_nib"))
 
     def elaborate(self, platform):
         m = Module()
@@ -361,7 +434,6 @@ class Deparser(wiring.Component):
         def at(b, jv=j):
             return Cat(Const(b, lg), jv) if lg else jv
 
-        shift = s1.hlen[:lg] if lg else Const(0, 1)
         # need (this beat consumes a payload beat), is_last, the beat's header word (hdr),
         # which lanes take header bytes (hsel) or payload bytes (psel) and the ICRC controls,
         # all registered for the beat to come (from j_next = j + 1, or for beat 0 from stage
@@ -377,10 +449,10 @@ class Deparser(wiring.Component):
         # a lane whose payload byte comes from ``cur`` when no payload beat is consumed is
         # past the payload (or a header lane): psel zeroes it, so ``cur`` needs no mask
         cur = self.i.payload.data
-        if lg:
-            pay = Cat(prev, cur).bit_select((B - shift).as_unsigned() * 8, B * 8)
-        else:
-            pay = cur
+        # the payload starts at hlen, 2 mod 4 (like udp_off): the byte shifter picks among B/4
+        # positions, hlen[2:] (a 2:1 multiplexer at 64 bits)
+        pay = Cat(prev, cur)[(4 - ICRC_MOD4) * 8:].bit_select(
+            (~s1.hlen[2:lg]).as_unsigned() * 32, B * 8)
         pay = materialize(m, pay, "pay")
         lanes, keep_last = [], []
         for b in range(B):
@@ -404,6 +476,17 @@ class Deparser(wiring.Component):
             s1_pop.eq(proc & done),
         ]
 
+        def lanes_below(jv, x, name):
+            """Which lanes of beat ``jv`` are at byte offsets below ``x``: one compare and one
+            equality of the beat index with ``x // B`` for all lanes, then per lane a compare
+            of ``x mod B`` with a constant (not a full-width compare per lane)."""
+            if not lg:
+                return materialize(m, jv < x, name)
+            xw, xl = x >> lg, x[:lg]
+            before = materialize(m, jv < xw, f"{name}_before")
+            at_w = materialize(m, jv == xw, f"{name}_at")
+            return materialize(m, Cat(*(before | (at_w & (xl > b)) for b in range(B))), name)
+
         def header_word(jv, lay, front, l4):
             """The header word of beat ``jv``: per lane the front's byte before ``udp_off``,
             the L4 window's from there (L4 word ``jv - udp_off // B``)."""
@@ -411,7 +494,8 @@ class Deparser(wiring.Component):
             nlb = max(1, (self.nl - 1).bit_length())
             fw = front.word_select(jv[:nfb], B * 8) if self.nf > 1 else front
             lw = l4.word_select((jv - lay.uw)[:nlb], B * 8) if self.nl > 1 else l4
-            return Cat(*(Mux(at(b, jv) < lay.udp_off, fw[b * 8:b * 8 + 8], lw[b * 8:b * 8 + 8])
+            fsel = lanes_below(jv, lay.udp_off, "tx_fsel")
+            return Cat(*(Mux(fsel[b], fw[b * 8:b * 8 + 8], lw[b * 8:b * 8 + 8])
                          for b in range(B)))
 
         def icrc_ctrl(jv, lay, name, jprev=None):
@@ -419,8 +503,7 @@ class Deparser(wiring.Component):
             (the lanes that hold ICRC bytes: the slot starts at ``end``, 2 mod 4, so lane b
             holds ICRC byte (b - 2) mod 4) and whether the beat updates the ICRC, from the
             frame layout ``lay``; ``jprev`` is beat ``jv - 1`` (None for beat 0)."""
-            zero, ff, nib = icrc_lane_ctrl(m, at(0, jv), lay.ip_off, lay.udp_off, lay.ipv6,
-                                           lay.end, B, name=name)
+            zero, ff, nib = self._icrc_lanes(m, jv, lay, lanes_below, name)
             el = lay.end[:lg] if lg else Const(0, 1)
             in_ew = materialize(m, jv == lay.ew, f"{name}_in_ew")
             in_ew1 = materialize(m, jprev == lay.ew, f"{name}_in_ew1") if jprev is not None \
@@ -487,8 +570,8 @@ class Deparser(wiring.Component):
                     need.eq(s1.raw | ((j_next >= s1.first) & (j_next < s1.jpe))),
                     is_last.eq(j_next == s1.jl),
                     hdr.eq(header_word(j_next, s1, s1_front, s1_l4)),
-                    hsel.eq(Cat(*(at(b, j_next) < s1.hlen for b in range(B)))),
-                    psel.eq(Cat(*(at(b, j_next) < s1.pay_end for b in range(B)))),
+                    hsel.eq(lanes_below(j_next, s1.hlen, "tx_hsel")),
+                    psel.eq(lanes_below(j_next, s1.pay_end, "tx_psel")),
                 ]
                 m.d.sync += [r.eq(v) for r, v in zip(e_ctrl, e_next, strict=True)]
         masked, word = icrc_delayed_word(m, s2.beat.data, s2.zero, s2.ff, s2.nib, s2.first, s2.k,
