@@ -47,7 +47,7 @@ Throughput: one output beat per clock; frames back to back without bubbles. Late
 beat of a frame leaves 6 cycles after its record is accepted (stages A, B, C, emit, s3, s4).
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -61,7 +61,6 @@ from .parser import (
     UDP_OFFSETS,
     ext_length,
     ones_complement_fold,
-    tree_sum,
 )
 
 __all__ = ["Deparser"]
@@ -76,10 +75,38 @@ assert all(h.size % 4 == 0 for h in (H.UDP, H.BTH) + H.EXT_HEADERS)
 ICRC_MOD4 = 2       # the ICRC's offset mod 4, and the payload's (hlen)
 
 
-def _words_sum(lanes):
-    """Raw sum of the big-endian 16-bit words of ``lanes`` (a balanced adder tree)."""
-    return tree_sum([Cat(lanes[w * 16 + 8:w * 16 + 16], lanes[w * 16:w * 16 + 8])
-                     for w in range(len(lanes) // 16)])
+def _adder_tree(m, values, name):
+    """Sum of ``values`` as a balanced tree of two-input adders, each kept as its own net:
+    Yosys would otherwise merge the tree into one multi-operand adder and build it from LUT
+    full adders (two LUT4 per bit and operand) instead of carry chains (half a CCU2C per bit)."""
+    values = list(values)
+    level = 0
+    while len(values) > 1:
+        nxt = []
+        for i in range(0, len(values), 2):
+            if i + 1 < len(values):
+                v = values[i] + values[i + 1]
+                s = Signal(v.shape(), name=f"{name}_{level}_{i // 2}", attrs={"keep": 1})
+                m.d.comb += s.eq(v)
+                nxt.append(s)
+            else:
+                nxt.append(values[i])
+        values, level = nxt, level + 1
+    return values[0]
+
+
+def _kept(m, value, name):
+    """``materialize`` with the net kept, so that Yosys does not merge the adders on either
+    side of it into one multi-operand adder of LUT full adders."""
+    sig = Signal(Value.cast(value).shape(), name=name, attrs={"keep": 1})
+    m.d.comb += sig.eq(value)
+    return sig
+
+
+def _words(lanes):
+    """The big-endian 16-bit words of ``lanes``."""
+    return [Cat(lanes[w * 16 + 8:w * 16 + 16], lanes[w * 16:w * 16 + 8])
+            for w in range(len(lanes) // 16)]
 
 
 def _fields(r, h):
@@ -166,17 +193,18 @@ class Deparser(wiring.Component):
         p = Signal(HeaderPrep)
         pad = Signal(2)
         m.d.comb += pad.eq(-r.payload_len)
-        # The adders are balanced by hand (Amaranth folds no constants): at most three deep.
-        ip_hlen = materialize(m, Mux(r.ipv6, 40, ihl * 4), "ip_hlen")
-        udp_off = materialize(m, ip_off + ip_hlen, "udp_off")
-        l4_base = materialize(m, Mux(r.vlan, 18 + H.UDP.size + H.BTH.size,
-                                     14 + H.UDP.size + H.BTH.size) + ext_len, "l4_base")
-        hlen = materialize(m, l4_base + ip_hlen, "hlen")
-        plen_pad = materialize(m, r.payload_len + pad, "plen_pad")
-        plen_pad4 = materialize(m, r.payload_len + (pad + 4), "plen_pad4")
-        end = materialize(m, hlen + plen_pad, "end")
-        end4 = materialize(m, hlen + plen_pad4, "end4")
-        l4_len = materialize(m, (ext_len + (H.UDP.size + H.BTH.size)) + plen_pad4, "l4_len")
+        # The adders are balanced by hand (Amaranth folds no constants): at most two after the
+        # opcode's decode (ext_len), three deep in all.
+        ip_hlen = _kept(m, Mux(r.ipv6, 40, ihl * 4), "ip_hlen")
+        udp_off = _kept(m, ip_off + ip_hlen, "udp_off")
+        l4_base = _kept(m, Mux(r.vlan, 18 + H.UDP.size + H.BTH.size,
+                               14 + H.UDP.size + H.BTH.size) + ext_len, "l4_base")
+        hlen = _kept(m, l4_base + ip_hlen, "hlen")
+        plen_pad = _kept(m, r.payload_len + pad, "plen_pad")
+        plen_pad4 = _kept(m, r.payload_len + (pad + 4), "plen_pad4")
+        end = _kept(m, l4_base + _kept(m, ip_hlen + plen_pad, "ip_pay"), "end")
+        end4 = _kept(m, l4_base + _kept(m, ip_hlen + plen_pad4, "ip_pay4"), "end4")
+        l4_len = _kept(m, (ext_len + (H.UDP.size + H.BTH.size)) + plen_pad4, "l4_len")
         # The checksum's option words: option word w (4 bytes) is in the header when
         # w < ihl - 5. Per group of two words the sum of both and of the first alone, then the
         # one the IHL asks for (the options are not masked in the front: the L4 window
@@ -184,9 +212,9 @@ class Deparser(wiring.Component):
         opts = r.ipv4_options
         csum_opt = []
         for g in range(H.MAX_IPV4_OPTIONS // 8):
-            lo = materialize(m, _words_sum(opts[64 * g:64 * g + 32]), f"ip4_opt_sum{2 * g}")
-            hi = _words_sum(opts[64 * g + 32:64 * g + 64])
-            both = materialize(m, lo + hi, f"ip4_opt_sum{2 * g}_{2 * g + 1}")
+            lo = _adder_tree(m, _words(opts[64 * g:64 * g + 32]), f"ip4_opt{2 * g}")
+            hi = _adder_tree(m, _words(opts[64 * g + 32:64 * g + 64]), f"ip4_opt{2 * g + 1}")
+            both = _adder_tree(m, [lo, hi], f"ip4_opt{2 * g}_{2 * g + 1}")
             csum_opt.append(Mux(ihl > 2 * g + 6, both, Mux(ihl > 2 * g + 5, lo, 0)))
         ip4_zero = pack_header(H.IPV4, {**_fields(r, H.IPV4), "version": 4,
                                         "protocol": H.IPPROTO_UDP, "total_length": 0,
@@ -215,7 +243,7 @@ class Deparser(wiring.Component):
             p.end.eq(end),
             p.end4.eq(end4),
             p.total.eq(ihl * 4 + l4_len),
-            p.csum_hdr.eq(_words_sum(ip4_zero)),
+            p.csum_hdr.eq(_adder_tree(m, _words(ip4_zero), "ip4_hdr_sum")),
             p.csum_opt.eq(Cat(*csum_opt)),
         ]
         return p, front, self._rotate(m, l4, udp_off, "tx_l4_rot")
@@ -263,9 +291,9 @@ class Deparser(wiring.Component):
         B = self.nbytes
         lg = (B - 1).bit_length()
         # the raw sum of every IPv4 header word; stage C folds it (RFC 1071)
-        raw = materialize(m, tree_sum([p.csum_hdr, p.total]
-                                      + [p.csum_opt[18 * g:18 * g + 18]
-                                         for g in range(H.MAX_IPV4_OPTIONS // 8)]),
+        raw = materialize(m, _adder_tree(m, [p.csum_hdr, p.total]
+                                         + [p.csum_opt[18 * g:18 * g + 18]
+                                            for g in range(H.MAX_IPV4_OPTIONS // 8)], "ip4_raw"),
                           "ip4_sum_raw")
         lay = Signal(FrameLayout)
         n_pay = Mux(r.payload_len == 0, 1, (r.payload_len + B - 1) >> lg)
@@ -487,11 +515,14 @@ class Deparser(wiring.Component):
             at_w = materialize(m, jv == xw, f"{name}_at")
             return materialize(m, Cat(*(before | (at_w & (xl > b)) for b in range(B))), name)
 
-        def header_word(jv, lay, front, l4):
+        def header_word(jv, lay, front, l4, skip0=False):
             """The header word of beat ``jv``: per lane the front's byte before ``udp_off``,
             the L4 window's from there (L4 word ``jv - udp_off // B``)."""
             nfb = max(1, (self.nf - 1).bit_length())
             nlb = max(1, (self.nl - 1).bit_length())
+            if skip0 and self.nf > 1:
+                # beat 0 is read from stage C's input instead: the front's word 0 is not kept
+                front = Cat(Const(0, B * 8), front[B * 8:])
             fw = front.word_select(jv[:nfb], B * 8) if self.nf > 1 else front
             lw = l4.word_select((jv - lay.uw)[:nlb], B * 8) if self.nl > 1 else l4
             fsel = lanes_below(jv, lay.udp_off, "tx_fsel")
@@ -569,7 +600,7 @@ class Deparser(wiring.Component):
                 m.d.sync += [
                     need.eq(s1.raw | ((j_next >= s1.first) & (j_next < s1.jpe))),
                     is_last.eq(j_next == s1.jl),
-                    hdr.eq(header_word(j_next, s1, s1_front, s1_l4)),
+                    hdr.eq(header_word(j_next, s1, s1_front, s1_l4, skip0=True)),
                     hsel.eq(lanes_below(j_next, s1.hlen, "tx_hsel")),
                     psel.eq(lanes_below(j_next, s1.pay_end, "tx_psel")),
                 ]
