@@ -572,18 +572,21 @@ class RcTransport(wiring.Component):
         mtu = Signal(14)
         m.d.sync += mtu.eq(1 << (c.pmtu + 7)[:4])
 
-        def npkts(length, shift):
-            """max(1, ceil(length / 2**shift)) for shift 8..12."""
+        def npkts(length, shift, *, lm1_zero=None):
+            """max(1, ceil(length / 2**shift)) for shift 8..12. ``lm1_zero``: (length - 1,
+            length == 0) when the caller has them cheaper than from ``length``."""
             # ceil(length / 2**sh) = ((length - 1) >> sh) + 1 for length >= 1; a shift out of
             # range (no case) gives 1 as before
             q = Signal(32, name="npkts_q")
             lm1 = Signal(32, name="npkts_lm1")
-            m.d.comb += lm1.eq(length - 1)
+            if lm1_zero is None:
+                lm1_zero = (length - 1, length == 0)
+            m.d.comb += lm1.eq(lm1_zero[0])
             with m.Switch(shift):
                 for sh in range(8, 13):
                     with m.Case(sh):
                         m.d.comb += q.eq(lm1 >> sh)
-            return Mux(length == 0, 1, q + 1)
+            return Mux(lm1_zero[1], 1, q + 1)
 
         outstanding = Signal(24)
         m.d.comb += outstanding.eq(s.npsn - s.una)
@@ -932,6 +935,7 @@ class RcTransport(wiring.Component):
                             ("lst", 1), ("last", 24), ("cur_ne", 1), ("cur1_ne", 1)))
         sd_rem_c = Signal(32)
         m.d.comb += sd_rem_c.eq(w.length - s.cur_off)
+        assert len(w.length) == len(s.cur_off) == 32
         sd_rd = Signal()
         m.d.comb += sd_rd.eq(w.opcode == WrOpcode.RDMA_READ)
         sd_mask = Signal(16)
@@ -944,7 +948,9 @@ class RcTransport(wiring.Component):
                       & (outstanding < csr.window) & (c.state == QpState.RTS)),
             sd.rem.eq(sd_rem_c),
             sd.f.eq(s.cur_off == 0),
-            sd.rd_n.eq(npkts(sd_rem_c, mtu_shift)),
+            # (length - cur_off - 1 = length + ~cur_off for equal widths: one carry chain)
+            sd.rd_n.eq(npkts(sd_rem_c, mtu_shift,
+                             lm1_zero=((w.length + ~s.cur_off)[:32], w.length == s.cur_off))),
             sd.out.eq(outstanding),
             sd.va.eq(w.raddr + s.cur_off),
             sd.addr.eq(w.laddr + s.cur_off),
