@@ -512,8 +512,9 @@ def _rxflow(qps, width, mr_entries, mr_pages, **_):
 # is the core's largest block (~23 k LUT4), too big to route out of context in minutes; its parts
 # are not.
 def _rxparser(width, **_):
+    from stellar.hdl.flow.rxflow import CORE_RECORD_FIELDS, parser_record_fields
     from stellar.hdl.net.parser import Parser
-    return Parser(width)
+    return Parser(width, record_fields=parser_record_fields(CORE_RECORD_FIELDS))
 
 
 def _flowtable(qps, **_):

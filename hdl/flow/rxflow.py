@@ -82,8 +82,9 @@ from .mr import MrOp, MrProtection
 from .qpctx import QpContextStore, QpHostOp
 from .vlan import VLAN_ENTRY, VlanTenantMap
 
-__all__ = ["CORE_RECORD_FIELDS", "FlowVerdict", "ann_layout", "rx_meta_layout", "rx_record_layout",
-           "RxFlowPipeline", "mr_request_kind"]
+__all__ = ["CORE_RECORD_FIELDS", "PIPELINE_RECORD_FIELDS", "FlowVerdict", "ann_layout",
+           "parser_record_fields", "rx_meta_layout", "rx_record_layout", "RxFlowPipeline",
+           "mr_request_kind"]
 
 
 class FlowVerdict(enum.IntEnum, shape=3):
@@ -150,6 +151,23 @@ CORE_RECORD_FIELDS = ("bth_opcode", "bth_psn", "bth_ackreq", "aeth_syndrome", "r
 # these between packets; the other 427 bits are written by host operations alone
 # (``QpContextStore(wb_fields=...)``). RcTransport asserts at elaboration that it writes these.
 CORE_WB_FIELDS = ("epsn", "msn")
+
+
+# The header-record fields the pipeline itself reads from the parser (the lookup key, the
+# packet-engine counters, the verdict): with ``record_fields`` the parser carries only these and
+# ``record_fields`` (``parser_record_fields``), so a core build elaborates no header field that
+# nothing reads.
+PIPELINE_RECORD_FIELDS = ("roce", "vlan", "vlan_vid", "bth_opcode", "bth_dest_qp", "reth_va",
+                          "reth_rkey", "reth_dma_length", "atomiceth_va", "atomiceth_rkey", "ipv6",
+                          "ipv4_ecn", "ipv6_ecn", "drop", "reason")
+
+
+def parser_record_fields(record_fields=None):
+    """The ``record_fields`` of the pipeline's Parser: None (the whole record) for None, else
+    ``record_fields`` and ``PIPELINE_RECORD_FIELDS``."""
+    if record_fields is None:
+        return None
+    return tuple(dict.fromkeys(tuple(record_fields) + PIPELINE_RECORD_FIELDS))
 
 
 def rx_record_layout(fields=None):
@@ -246,7 +264,8 @@ class RxFlowPipeline(wiring.Component):
         ann_l = ann_layout(IB)
         key_l = _key_layout()
 
-        m.submodules.parser = parser = Parser(W)
+        m.submodules.parser = parser = Parser(W, record_fields=parser_record_fields(
+            self.record_fields))
         # out_reg: the payload leaves from a register, not from the block RAM's slow output
         m.submodules.rxbuf = rxbuf = PacketFifo(beat_layout(W), self.rx_buffer_bytes // (W // 8),
                                                 out_reg=True)

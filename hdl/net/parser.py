@@ -70,9 +70,10 @@ from amaranth.lib.wiring import In, Out
 from . import headers as H
 from .crc import crc_step, materialize
 from .icrc import icrc_capture, icrc_delayed_word, icrc_lane_ctrl
-from .layout import MAX_FRAME_BITS, DropReason, beat_layout, record_layout, unpack_header
+from .layout import MAX_FRAME_BITS, DropReason, beat_layout, lane, record_layout, unpack_header
 
-__all__ = ["Parser", "HEADER_WINDOW", "count_rx", "ipv4_words_sum", "ones_complement_fold"]
+__all__ = ["Parser", "HEADER_WINDOW", "LATE_FIELDS", "count_rx", "ipv4_words_sum",
+           "ones_complement_fold", "parser_record_layout"]
 
 HEADER_WINDOW = 128
 assert H.MAX_HEADER_BYTES <= HEADER_WINDOW
@@ -82,7 +83,6 @@ L4_WINDOW = H.UDP.size + H.BTH.size + 28   # UDP + BTH + the longest extension c
 DECODE_STAGES = 4   # registers between the header window and the decision FIFO
 RECORD_STAGES = 3   # registers between the header window and the record FIFO
 CSUM_PARTS = 8      # the IPv4 header's word sum, registered in D2 as this many partial sums
-L4_END = max(UDP_OFFSETS) + L4_WINDOW   # window bytes past the last L4 window position: unused
 POS_BITS = 17   # absolute byte offsets: IPv4 total length (16 bits) + Ethernet/VLAN header
 
 
@@ -123,10 +123,11 @@ def ipv4_words_sums(ip_lanes, ihl, groups=3):
     return [tree_sum(words[i:i + n]) for i in range(0, len(words), n)]
 
 
-def ext_extract(m, opcode, extv, name_prefix="ext"):
-    """Each extension header's lanes from the extension-header vector, placed by opcode."""
+def ext_extract(m, opcode, extv, name_prefix="ext", headers=H.EXT_HEADERS):
+    """Each extension header's lanes (of ``headers``) from the extension-header vector, placed
+    by opcode."""
     out = {}
-    for h in H.EXT_HEADERS:
+    for h in headers:
         by_offset = {}
         for code in H.OPCODES:
             offs, _ = H.ext_layout(code)
@@ -176,38 +177,63 @@ class Decision(data.Struct):
     pe: MAX_FRAME_BITS + 1       # plen + (hlen rounded down to a beat): payload end, realigned
 
 
+# Record fields that come from stage B with a frame's last beat rather than from the record FIFO
+LATE_FIELDS = ("payload_len", "frame_len", "drop", "reason")
+
+
+def parser_record_layout(fields=None):
+    """The layout of ``Parser.o_meta``: all of ``record_layout()`` (``fields`` None) or only the
+    named fields of it, in the given order."""
+    full = record_layout()
+    if fields is None:
+        return full
+    unknown = [name for name in fields if name not in full.members]
+    if unknown:
+        raise KeyError(f"the header record has no field(s) {unknown}")
+    return data.StructLayout({name: full[name].shape for name in fields})
+
+
 class Parser(wiring.Component):
-    def __init__(self, data_width=64):
+    def __init__(self, data_width=64, *, record_fields=None):
         assert data_width % 64 == 0
+        self.record_fields = None if record_fields is None else tuple(record_fields)
         self.data_width = data_width
         self.nbytes = data_width // 8
         self.window_beats = -(-HEADER_WINDOW // self.nbytes)
+        # beats of the Ethernet/VLAN header (bytes 0-17) and the IHL behind a VLAN tag (18)
+        self.eth_beats = -(-19 // self.nbytes)
         self.latency = self.window_beats + 5 + DECODE_STAGES
         super().__init__({
             "i": In(stream.Signature(beat_layout(data_width))),
             "o": Out(stream.Signature(beat_layout(data_width))),
-            "o_meta": Out(record_layout()),
+            "o_meta": Out(parser_record_layout(self.record_fields)),
         })
 
     def elaborate(self, platform):
         m = Module()
         B = self.nbytes
         NW = self.window_beats
+        EW = self.eth_beats
         lg = (B - 1).bit_length()
         beat = beat_layout(self.data_width)
-        rec = record_layout()
+        out_l = parser_record_layout(self.record_fields)
+        # the record FIFO holds the fields that are known when the header is decoded
+        rec = data.StructLayout({name: f.shape for name, f in out_l
+                                 if name not in LATE_FIELDS})
+        wanted = set(rec.members)
 
         data_depth = 1 << (NW + 8 - 1).bit_length()
         rec_depth = 16     # LUT RAM is 16 deep: 16 entries cost what 8 did
         m.submodules.data_fifo = data_fifo = SyncFIFOBuffered(width=beat.size, depth=data_depth)
         m.submodules.dec_fifo = dec_fifo = SyncFIFOBuffered(width=Decision.as_shape().size,
                                                             depth=rec_depth)
-        m.submodules.rec_fifo = rec_fifo = SyncFIFOBuffered(width=rec.size, depth=rec_depth)
+        m.submodules.rec_fifo = rec_fifo = SyncFIFOBuffered(width=max(1, rec.size),
+                                                            depth=rec_depth)
 
         # ---------------------------------------------------------------- stage A: capture
         a_idx = Signal(range(NW + 1))
-        window = Signal(NW * B * 8)
-        decode = Signal()   # the window holds a whole header (or frame): decode it this cycle
+        window = Signal(EW * B * 8)   # the frame's first EW beats: its Ethernet and VLAN headers
+        decode = Signal()   # the frame's header (or the whole frame) has passed: decode it now
         keep_bits = Cat(*(self.i.payload.keep[b].replicate(8) for b in range(B)))
         in_data = self.i.payload.data & keep_bits   # AXI leaves null bytes undefined: zero them
 
@@ -226,15 +252,94 @@ class Parser(wiring.Component):
             with m.Switch(a_idx):
                 with m.Case(0):
                     m.d.sync += window.eq(in_data)    # zeroes the rest: short frames read 0
-                for n in range(1, NW):
+                for n in range(1, EW):
                     with m.Case(n):
                         m.d.sync += window[n * B * 8:(n + 1) * B * 8].eq(in_data)
-        with m.If(self.i.valid & self.i.ready):
+        a_acc = Signal()
+        m.d.comb += a_acc.eq(self.i.valid & self.i.ready)
+        with m.If(a_acc):
             with m.If(self.i.payload.last):
                 m.d.sync += a_idx.eq(0)
             with m.Elif(a_idx < NW):
                 m.d.sync += a_idx.eq(a_idx + 1)
             m.d.sync += decode.eq((a_idx < NW) & ((a_idx == NW - 1) | self.i.payload.last))
+
+        # The IP header window (60 bytes from the IP header) and the L4 window (UDP, BTH and the
+        # extension headers) are not cut out of a window of the whole header by a mux on their
+        # offset (12 positions for the L4 window: ~8 LUTs a bit): they are captured from the
+        # accepted beats as they pass, each byte from the beat and lane where the frame's offsets
+        # put it. The beat is selected by the flip-flops' enables, so a byte is a mux of only the
+        # lanes its candidate offsets fall in (2 at 64 bits). a1 and a2 are the beats accepted
+        # one and two clocks ago. When a1 holds beat n, the window holds this frame's beats
+        # 0..n (the next frame can overwrite it a clock later at the earliest), and every IP
+        # header byte lies in a beat at or after the one with the EtherType (bytes 12-13), every
+        # L4 byte in one at or after byte 18 (the IHL behind a VLAN tag): the offsets are read
+        # from the window when they are needed. A frame's first beat zeroes the bytes it does
+        # not hold (a short frame reads 0 past its end, as the window does). The IP window is
+        # complete a clock after the frame's last header beat (for D2), the L4 window two
+        # clocks after (for D3, in place of a D2 register); the next frame's first beat reaches
+        # them a clock later than that at the earliest.
+        a1_data, a2_data = Signal(B * 8), Signal(B * 8)
+        a1_idx, a2_idx = Signal(range(NW + 1)), Signal(range(NW + 1))
+        a1_valid, a2_valid = Signal(), Signal()
+        m.d.sync += [a1_valid.eq(a_acc), a2_valid.eq(a1_valid)]
+        with m.If(a_acc):
+            m.d.sync += [a1_data.eq(in_data), a1_idx.eq(a_idx)]
+        with m.If(a1_valid):
+            m.d.sync += [a2_data.eq(a1_data), a2_idx.eq(a1_idx)]
+
+        def capture(nbytes, valid, idx, beat_data, sel, offsets, name):
+            """A register of ``nbytes`` bytes whose byte j is taken from ``beat_data`` when
+            ``valid`` and the beat index ``idx`` is the one that holds absolute byte
+            ``offsets[sel] + j``, from that byte's lane, and zeroed on a frame's first beat
+            otherwise. The lane is picked by the offset's phase (``offsets[sel]`` mod B), one of
+            at most B / 4 values for offsets 4 bytes apart; the beat by the enables."""
+            phases = sorted({off % B for off in offsets.values()})
+            phase = Signal(range(len(phases)), name=f"{name}_phase")
+            with m.Switch(sel):
+                for v, off in offsets.items():
+                    with m.Case(v):
+                        m.d.comb += phase.eq(phases.index(off % B))
+            reg = Signal(nbytes * 8, name=name)
+            first = idx == 0
+            for j in range(nbytes):
+                beats = {}
+                for v, off in offsets.items():
+                    beats.setdefault((off + j) // B, []).append(v)
+                hit = Signal(name=f"{name}_hit{j}")
+                with m.Switch(sel):
+                    for b, vs in beats.items():
+                        with m.Case(*vs):
+                            m.d.comb += hit.eq(idx == b)
+                val = Signal(8, name=f"{name}_val{j}")
+                with m.Switch(phase):
+                    for s, ph in enumerate(phases):
+                        with m.Case(s):
+                            m.d.comb += val.eq(lane(beat_data, (ph + j) % B))
+                with m.If(valid):
+                    with m.If(hit):
+                        m.d.sync += reg[j * 8:(j + 1) * 8].eq(val)
+                    with m.Elif(first):
+                        m.d.sync += reg[j * 8:(j + 1) * 8].eq(0)
+            return reg
+
+        eth_c = unpack_header(H.ETH, window[:H.ETH.size * 8])
+        vlan_c = unpack_header(H.VLAN, window[14 * 8:18 * 8])
+        vlan_p_c = eth_c["ethertype"] == H.ETHERTYPE_VLAN
+        # the IP header window (after the VLAN tag, if any)
+        ipwin_cap = capture(60, a1_valid, a1_idx, a1_data, vlan_p_c, {0: 14, 1: 18}, "ipwin_cap")
+        # l4_pos: the UDP header's offset is 14 + 4 * l4_pos (l4_pos = VLAN + 10 for IPv6, VLAN +
+        # IHL else), each alignment decoded straight from the window bytes; registered every
+        # clock, so that it is at hand for the L4 capture and holds the decoded frame's in D2
+        ihl14 = window[14 * 8:14 * 8 + 4]     # the IHL: the low nibble of the IP header's byte 0
+        ihl18 = window[18 * 8:18 * 8 + 4]
+        l4_pos_c = Mux(vlan_p_c,
+                       Mux(vlan_c["ethertype"] == H.ETHERTYPE_IPV6, 11, ihl18 + 1),
+                       Mux(eth_c["ethertype"] == H.ETHERTYPE_IPV6, 10, ihl14))
+        l4_pos = Signal(5)
+        m.d.sync += l4_pos.eq(l4_pos_c)
+        l4 = capture(L4_WINDOW, a2_valid, a2_idx, a2_data, l4_pos,
+                     {(off - 14) // 4: off for off in UDP_OFFSETS}, "l4")
 
         # ---------------------------------------------------------------- decoder
         # Five clocks from ``decode`` to the decision FIFO write (DECODE_STAGES), four to the
@@ -242,12 +347,12 @@ class Parser(wiring.Component):
         # arithmetic (in one clock, window -> EtherType -> IP offset -> options -> checksum / UDP
         # offset -> opcode -> lengths -> checks was 45 logic levels, 19.8 ns on an ECP5 at
         # speed 8):
-        #   D1  the window is copied (the next frame overwrites it from the next clock; only the
-        #       bytes up to the last L4 window position) with the EtherType decode, the IP header
-        #       window (after the VLAN tag, if any) and the L4 window's position (l4_pos);
-        #   D2  IP offset, IPv4/IPv6 fields, the UDP offset and the L4 window (a mux on l4_pos),
-        #       the IPv4 header's word sum as eight partial sums, the IP lengths; only the
-        #       Ethernet/VLAN bytes and the IP header window of the window copy go on;
+        #   D1  the Ethernet/VLAN bytes of the window are copied (the next frame overwrites it
+        #       from the next clock) with the EtherType decode; the IP header window is captured
+        #       and the L4 window's position (l4_pos) registered in the same clock;
+        #   D2  IP offset, IPv4/IPv6 fields, the UDP offset, the IPv4 header's word sum as eight
+        #       partial sums, the IP lengths; the Ethernet/VLAN bytes and the IP header window go
+        #       on; the L4 window is captured in the same clock;
         #   D3  the opcode's decode (extension-header length, known, payload), the record
         #       (written to its FIFO the next clock), the RoCE framing checks, the IPv4 word sum,
         #       the lengths without the extension headers;
@@ -256,50 +361,30 @@ class Parser(wiring.Component):
         #       made in stage B from the decision's operands).
 
         # D1
-        eth_c = unpack_header(H.ETH, window[:H.ETH.size * 8])
-        vlan_c = unpack_header(H.VLAN, window[14 * 8:18 * 8])
-        vlan_p_c = eth_c["ethertype"] == H.ETHERTYPE_VLAN
         ethertype_c = Mux(vlan_p_c, vlan_c["ethertype"], eth_c["ethertype"])
         d1_valid = Signal()
-        d1_win = Signal(L4_END * 8)   # Ethernet/VLAN bytes and every L4 window position
-        d1_ipwin = Signal(60 * 8)     # the IP header window (after the VLAN tag, if any)
+        d1_eth = Signal(18 * 8)       # Ethernet and VLAN header bytes
         vlan_p, is4, is6 = Signal(name="vlan_p"), Signal(name="is4"), Signal(name="is6")
-        # l4_pos: the UDP header's offset is 14 + 4 * l4_pos (l4_pos = VLAN + 10 for IPv6, VLAN +
-        # IHL else), each alignment decoded straight from the window bytes
-        l4_pos = Signal(5)
-        ihl14 = unpack_header(H.IPV4, window[14 * 8:34 * 8])["ihl"]
-        ihl18 = unpack_header(H.IPV4, window[18 * 8:38 * 8])["ihl"]
-        l4_pos_c = Mux(vlan_p_c,
-                       Mux(vlan_c["ethertype"] == H.ETHERTYPE_IPV6, 11, ihl18 + 1),
-                       Mux(eth_c["ethertype"] == H.ETHERTYPE_IPV6, 10, ihl14))
         m.d.sync += d1_valid.eq(decode)
         with m.If(decode):
-            m.d.sync += [d1_win.eq(window[:L4_END * 8]), vlan_p.eq(vlan_p_c), l4_pos.eq(l4_pos_c),
-                         d1_ipwin.eq(Mux(vlan_p_c, window[18 * 8:78 * 8], window[14 * 8:74 * 8])),
+            m.d.sync += [d1_eth.eq(window[:18 * 8]), vlan_p.eq(vlan_p_c),
                          is4.eq(ethertype_c == H.ETHERTYPE_IPV4),
                          is6.eq(ethertype_c == H.ETHERTYPE_IPV6)]
 
         # D2
+        d1_ipwin = ipwin_cap
         ip_off_c = Mux(vlan_p, 18, 14)
         ip4_c = unpack_header(H.IPV4, d1_ipwin[:160])
         ip6_c = unpack_header(H.IPV6, d1_ipwin[:320])
         ihl_c = ip4_c["ihl"]
         udp_off_c = Signal(7)     # ip_off + 40 for IPv6, ip_off + 4 * IHL else
         m.d.comb += udp_off_c.eq(14 + l4_pos * 4)
-        l4_c = Signal(L4_WINDOW * 8)
-        with m.Switch(l4_pos):
-            for n in range(32):
-                if 14 + 4 * n in UDP_OFFSETS:
-                    with m.Case(n):
-                        off = 14 + 4 * n
-                        m.d.comb += l4_c.eq(d1_win[off * 8:(off + L4_WINDOW) * 8])
         ip_len_c = Signal(POS_BITS)
         m.d.comb += ip_len_c.eq(Mux(is6, 40 + ip6_c["payload_length"], ip4_c["total_length"]))
         d2_valid = Signal()
         d2_eth = Signal(18 * 8)       # Ethernet and VLAN header bytes
         d2_ipwin = Signal(60 * 8)     # the IP header window
         d2_vlan_p, d2_is4, d2_is6 = Signal(), Signal(), Signal()
-        l4 = Signal(L4_WINDOW * 8)
         udp_off = Signal(7)
         ip_len = Signal(POS_BITS)
         ip_end = Signal(POS_BITS)
@@ -308,9 +393,9 @@ class Parser(wiring.Component):
         m.d.sync += d2_valid.eq(d1_valid)
         with m.If(d1_valid):
             m.d.sync += [
-                d2_eth.eq(d1_win[:18 * 8]), d2_ipwin.eq(d1_ipwin),
+                d2_eth.eq(d1_eth), d2_ipwin.eq(d1_ipwin),
                 d2_vlan_p.eq(vlan_p), d2_is4.eq(is4), d2_is6.eq(is6),
-                l4.eq(l4_c), udp_off.eq(udp_off_c), ip_len.eq(ip_len_c),
+                udp_off.eq(udp_off_c), ip_len.eq(ip_len_c),
                 ip_end.eq(ip_off_c + ip_len_c),
                 v4_bad.eq(is4 & ((ip4_c["version"] != 4) | (ihl_c < 5)
                                  | (ip4_c["total_length"] < ihl_c * 4))),
@@ -332,7 +417,8 @@ class Parser(wiring.Component):
                         for i in range(H.MAX_IPV4_OPTIONS)))
         udp = unpack_header(H.UDP, l4[:64])
         bth = unpack_header(H.BTH, l4[64:160])
-        ext = ext_extract(m, bth["opcode"], l4[160:])
+        ext = ext_extract(m, bth["opcode"], l4[160:], headers=[
+            h for h in H.EXT_HEADERS if any(f"{h.name}_{f.name}" in wanted for f in h.fields)])
         ext_len_c, op_known_c, op_payload_c = ext_length(m, bth["opcode"])
 
         frag = (ip4["frag_offset"] != 0) | ip4["flags"][0]   # flags: reserved, DF, MF (bit 0)
@@ -349,20 +435,17 @@ class Parser(wiring.Component):
         roce_framing_c = ((is4 & frag)
                           | (udp["length"] != ip_len - Mux(is6, 40, ihl * 4))
                           | (ip_end < udp_off + (H.UDP.size + H.BTH.size + 4)))  # BTH + ICRC
+        # The record carries only the fields of ``o_meta`` (all of them unless ``record_fields``
+        # names fewer); payload_len comes from the decision, with the frame's last beat
         record_c = Signal(rec)
         parsed = {"eth": eth, "vlan": vlan, "ipv4": ip4, "ipv6": ip6, "udp": udp, "bth": bth}
-        for h in H.EXT_HEADERS:
-            parsed[h.name] = unpack_header(h, ext[h.name])
-        for hname, fields in parsed.items():
-            for fname, value in fields.items():
-                m.d.comb += record_c[f"{hname}_{fname}"].eq(value)
-        m.d.comb += [
-            record_c.vlan.eq(vlan_p),
-            record_c.ipv6.eq(is6),
-            record_c.roce.eq(roce_c),
-            record_c.ipv4_options.eq(options),
-            # payload_len: from the decision, with the frame's last beat (o3.payload_len)
-        ]
+        for hname, lanes in ext.items():
+            parsed[hname] = unpack_header(next(h for h in H.EXT_HEADERS if h.name == hname), lanes)
+        values = {f"{hname}_{fname}": value for hname, fields in parsed.items()
+                  for fname, value in fields.items()}
+        values.update(vlan=vlan_p, ipv6=is6, roce=roce_c)
+        for name in rec.members:
+            m.d.comb += record_c[name].eq(options if name == "ipv4_options" else values[name])
         d3_valid = Signal()
         record = Signal(rec)
         ext_len = Signal(range(64), name="d3_ext_len")
@@ -575,6 +658,7 @@ class Parser(wiring.Component):
 
         # ---------------------------------------------------------------- output and verdict
         icrc_bad = (crc ^ 0xFFFFFFFF) != o3.icrc
+        late_fields = {"frame_len": o3.frame_len, "payload_len": o3.payload_len}
         verdict = Signal(DropReason)
         with m.If(o3.framing):
             m.d.comb += verdict.eq(DropReason.MALFORMED)
@@ -584,14 +668,13 @@ class Parser(wiring.Component):
             m.d.comb += verdict.eq(DropReason.ICRC)
         with m.Else():
             m.d.comb += verdict.eq(o3.late)
+        late_fields.update(drop=verdict != DropReason.NONE, reason=verdict)
         m.d.comb += [
             self.o.valid.eq(o3_valid),
             self.o.payload.eq(o3.beat),
-            self.o_meta.eq(rec_fifo.r_data),
-            self.o_meta.frame_len.eq(o3.frame_len),
-            self.o_meta.payload_len.eq(o3.payload_len),
-            self.o_meta.drop.eq(verdict != DropReason.NONE),
-            self.o_meta.reason.eq(verdict),
+            *(self.o_meta[name].eq(rec(rec_fifo.r_data)[name]) for name in rec.members),
+            *(self.o_meta[name].eq(late_fields[name]) for name in LATE_FIELDS
+              if name in out_l.members),
             rec_fifo.r_en.eq(self.o.valid & self.o.ready & o3.beat.last),
         ]
         return m
