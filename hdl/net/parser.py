@@ -2,18 +2,22 @@
 #      (BTH and extension headers); RFC 791 (IPv4, header checksum); RFC 8200 (IPv6); RFC 768
 """RoCEv2 header parser with ICRC and IPv4 header checksum check.
 
-Stage A captures the first 128 bytes of each frame (the longest header Stellar parses is
-126 bytes: Ethernet + VLAN + IPv4 with 40 bytes of options + UDP + BTH + AtomicETH) into a
-window register while every beat also goes into a small data FIFO. One cycle after the window
-is complete (beat ``ceil(128/B) - 1`` of the frame, or its last beat if shorter), the decoder
-extracts every field from the window, classifies the frame and checks its header, and pushes a
-small *decision* (offsets and lengths) and the wide header *record*. The decoder is a pipeline
-of ``DECODE_STAGES`` (4) registers (the window copied with its EtherType decode, the IP header
-window and the L4 window's position; the Ethernet and IP header bytes, the IP offsets, lengths,
-L4 window and eight partial checksum sums; the opcode's decode, the record, the framing checks
-and the checksum's sum; the lengths and the decision), one decision per clock. The record
-leaves for its FIFO after the third (``RECORD_STAGES``): its ``payload_len`` comes with the
-frame's last output beat, from the decision.
+Stage A reads the header from the first 128 bytes of each frame (the longest header Stellar
+parses is 126 bytes: Ethernet + VLAN + IPv4 with 40 bytes of options + UDP + BTH + AtomicETH)
+while every beat also goes into a small data FIFO. It keeps the Ethernet and VLAN headers in a
+small window register and captures two more windows from the beats as they pass, each byte from
+the beat and lane where the frame's offsets put it (the beat selected by the flip-flops'
+enables, not by a mux on the offset): the IP header window (the 64 bytes from offset 14, with
+or without a VLAN tag) and the L4 window (UDP, BTH and the longest extension-header chain, at
+one of 12 offsets). One cycle after the header bytes have passed (beat ``ceil(128/B) - 1`` of
+the frame, or its last beat if shorter), the decoder extracts the fields, classifies the frame
+and checks its header, and pushes a small *decision* (offsets and lengths) and the header
+*record*. The decoder is a pipeline of ``DECODE_STAGES`` (4) registers (the Ethernet bytes
+with the EtherType decode; the IP header bytes, the IP offsets, lengths and eight partial
+checksum sums; the opcode's decode, the framing checks and the checksum's sum; the lengths and
+the decision), one decision per clock. The record is written to its FIFO after the second
+(``RECORD_STAGES``): its ``payload_len`` comes with the frame's last output beat, from the
+decision. With ``record_fields``, the record holds (and the decoder extracts) only those fields.
 
 Stage B reads the frame back from the data FIFO with one beat of look-ahead, feeds the masked
 beats to the ICRC, and re-aligns the payload to byte 0 of its own beats (a byte shifter over the
@@ -31,11 +35,14 @@ Ports:
                    pad and ICRC; the whole frame, unchanged, for non-RoCE frames. Every frame
                    yields at least one beat (a frame without payload yields one beat with
                    ``keep == 0``), so every frame has a ``last`` beat to carry its verdict.
-  ``o_meta``  out  the header record (``layout.record_layout()``), valid while ``o.valid`` and
-                   ``o.payload.last``: every header field, ``roce``, ``payload_len``,
+  ``o_meta``  out  the header record (``layout.record_layout()``, or the fields of it that
+                   ``record_fields`` names: ``parser_record_layout``), valid while ``o.valid``
+                   and ``o.payload.last``: every header field, ``roce``, ``payload_len``,
                    ``frame_len`` and the verdict ``drop`` / ``reason``.
 
-Parameters: ``data_width`` (64 or 512 bits; any multiple of 64 up to 1024 works).
+Parameters: ``data_width`` (64 or 512 bits; any multiple of 64 up to 1024 works);
+``record_fields`` (None: the whole record; else the names of the record fields ``o_meta``
+carries, in that order: a consumer that reads few fields gets a parser without the others).
 
 Latency (no stalls): fixed, ``ceil(128/B) + 5 + DECODE_STAGES`` cycles (B = data_width/8: 25
 cycles at 64 bits, 11 at 512 bits; the ``latency`` attribute) from the input beat that holds the first byte
@@ -81,7 +88,7 @@ assert H.MAX_HEADER_BYTES <= HEADER_WINDOW
 UDP_OFFSETS = sorted({ip + 4 * ihl for ip in (14, 18) for ihl in range(5, 16)} | {54, 58})
 L4_WINDOW = H.UDP.size + H.BTH.size + 28   # UDP + BTH + the longest extension chain
 DECODE_STAGES = 4   # registers between the header window and the decision FIFO
-RECORD_STAGES = 3   # registers between the header window and the record FIFO
+RECORD_STAGES = 2   # registers between the header window and the record FIFO
 CSUM_PARTS = 8      # the IPv4 header's word sum, registered in D2 as this many partial sums
 POS_BITS = 17   # absolute byte offsets: IPv4 total length (16 bits) + Ethernet/VLAN header
 
@@ -113,6 +120,15 @@ def _ipv4_words(ip_lanes, ihl):
 def ipv4_words_sum(ip_lanes, ihl):
     """Raw (unfolded, 21-bit) sum of an IPv4 header's 16-bit words over its ``ihl`` words."""
     return tree_sum(_ipv4_words(ip_lanes, ihl))
+
+
+def header_words_sums(lanes, groups):
+    """The raw sums of ``groups`` runs of consecutive 16-bit words (network order) of ``lanes``:
+    the IPv4 header's word sum when ``lanes`` hold the header and zeros around it."""
+    words = [Cat(lanes[w * 16 + 8:w * 16 + 16], lanes[w * 16:w * 16 + 8])
+             for w in range(len(lanes) // 16)]
+    n = -(-len(words) // groups)
+    return [tree_sum(words[i:i + n]) for i in range(0, len(words), n)]
 
 
 def ipv4_words_sums(ip_lanes, ihl, groups=3):
@@ -232,7 +248,9 @@ class Parser(wiring.Component):
 
         # ---------------------------------------------------------------- stage A: capture
         a_idx = Signal(range(NW + 1))
-        window = Signal(EW * B * 8)   # the frame's first EW beats: its Ethernet and VLAN headers
+        # The capture registers need no reset (a frame's first beat writes or zeroes every byte),
+        # which leaves the flip-flops' reset input to the zeroing (no mux in front of them).
+        window = Signal(EW * B * 8, reset_less=True)   # the frame's first EW beats: Ethernet, VLAN
         decode = Signal()   # the frame's header (or the whole frame) has passed: decode it now
         keep_bits = Cat(*(self.i.payload.keep[b].replicate(8) for b in range(B)))
         in_data = self.i.payload.data & keep_bits   # AXI leaves null bytes undefined: zero them
@@ -279,7 +297,7 @@ class Parser(wiring.Component):
         # complete a clock after the frame's last header beat (for D2), the L4 window two
         # clocks after (for D3, in place of a D2 register); the next frame's first beat reaches
         # them a clock later than that at the earliest.
-        a1_data, a2_data = Signal(B * 8), Signal(B * 8)
+        a1_data, a2_data = Signal(B * 8, reset_less=True), Signal(B * 8, reset_less=True)
         a1_idx, a2_idx = Signal(range(NW + 1)), Signal(range(NW + 1))
         a1_valid, a2_valid = Signal(), Signal()
         m.d.sync += [a1_valid.eq(a_acc), a2_valid.eq(a1_valid)]
@@ -288,51 +306,71 @@ class Parser(wiring.Component):
         with m.If(a1_valid):
             m.d.sync += [a2_data.eq(a1_data), a2_idx.eq(a1_idx)]
 
-        def capture(nbytes, valid, idx, beat_data, sel, offsets, name):
+        def capture(nbytes, valid, idx, beat_data, sel, offsets, name, keep=None):
             """A register of ``nbytes`` bytes whose byte j is taken from ``beat_data`` when
             ``valid`` and the beat index ``idx`` is the one that holds absolute byte
             ``offsets[sel] + j``, from that byte's lane, and zeroed on a frame's first beat
             otherwise. The lane is picked by the offset's phase (``offsets[sel]`` mod B), one of
-            at most B / 4 values for offsets 4 bytes apart; the beat by the enables."""
+            at most B / 4 values for offsets 4 bytes apart; the beat by the enables. ``keep(j)``
+            (if given): byte j is taken as zero unless it is 1 (a flip-flop reset, no mux)."""
             phases = sorted({off % B for off in offsets.values()})
             phase = Signal(range(len(phases)), name=f"{name}_phase")
-            with m.Switch(sel):
-                for v, off in offsets.items():
-                    with m.Case(v):
-                        m.d.comb += phase.eq(phases.index(off % B))
-            reg = Signal(nbytes * 8, name=name)
+            if len(offsets) > 1:
+                with m.Switch(sel):
+                    for v, off in offsets.items():
+                        with m.Case(v):
+                            m.d.comb += phase.eq(phases.index(off % B))
+            reg = Signal(nbytes * 8, name=name, reset_less=True)
             first = idx == 0
             for j in range(nbytes):
                 beats = {}
                 for v, off in offsets.items():
                     beats.setdefault((off + j) // B, []).append(v)
                 hit = Signal(name=f"{name}_hit{j}")
-                with m.Switch(sel):
-                    for b, vs in beats.items():
-                        with m.Case(*vs):
-                            m.d.comb += hit.eq(idx == b)
+                if len(beats) == 1:
+                    m.d.comb += hit.eq(idx == next(iter(beats)))
+                else:
+                    with m.Switch(sel):
+                        for b, vs in beats.items():
+                            with m.Case(*vs):
+                                m.d.comb += hit.eq(idx == b)
                 val = Signal(8, name=f"{name}_val{j}")
                 with m.Switch(phase):
                     for s, ph in enumerate(phases):
                         with m.Case(s):
                             m.d.comb += val.eq(lane(beat_data, (ph + j) % B))
+                kept = 1 if keep is None else keep(j)
                 with m.If(valid):
-                    with m.If(hit):
+                    with m.If(hit & kept):
                         m.d.sync += reg[j * 8:(j + 1) * 8].eq(val)
-                    with m.Elif(first):
+                    with m.Elif(first | hit):
                         m.d.sync += reg[j * 8:(j + 1) * 8].eq(0)
             return reg
 
         eth_c = unpack_header(H.ETH, window[:H.ETH.size * 8])
         vlan_c = unpack_header(H.VLAN, window[14 * 8:18 * 8])
         vlan_p_c = eth_c["ethertype"] == H.ETHERTYPE_VLAN
-        # the IP header window (after the VLAN tag, if any)
-        ipwin_cap = capture(60, a1_valid, a1_idx, a1_data, vlan_p_c, {0: 14, 1: 18}, "ipwin_cap")
+        ihl14 = window[14 * 8:14 * 8 + 4]     # the IHL: the low nibble of the IP header's byte 0
+        ihl18 = window[18 * 8:18 * 8 + 4]
+        # The IP header window: the 64 bytes from offset 14, so that it holds the IP header with
+        # or without a VLAN tag in fixed lanes (no mux; D2 undoes the tag's 4 bytes on the bits
+        # it reads). Of an IPv4 frame it keeps only the header (its first 20 bytes and its
+        # options, IHL words; a VLAN tag's bytes are zero), so that the header checksum is the
+        # plain sum of the window's words, without a mask per word.
+        is4_14 = eth_c["ethertype"] == H.ETHERTYPE_IPV4
+        is4_18 = vlan_c["ethertype"] == H.ETHERTYPE_IPV4
+
+        def ip_keep(j):
+            # read from the window when byte j passes: the EtherType and the IHL precede it
+            if j < 4:
+                return ~vlan_p_c
+            in14 = ~is4_14 | (j // 4 < 5) | (j // 4 < ihl14)
+            in18 = ~is4_18 | ((j - 4) // 4 < 5) | ((j - 4) // 4 < ihl18)
+            return Mux(vlan_p_c, in18, in14)
+        ipraw = capture(64, a1_valid, a1_idx, a1_data, None, {0: 14}, "ipraw", keep=ip_keep)
         # l4_pos: the UDP header's offset is 14 + 4 * l4_pos (l4_pos = VLAN + 10 for IPv6, VLAN +
         # IHL else), each alignment decoded straight from the window bytes; registered every
         # clock, so that it is at hand for the L4 capture and holds the decoded frame's in D2
-        ihl14 = window[14 * 8:14 * 8 + 4]     # the IHL: the low nibble of the IP header's byte 0
-        ihl18 = window[18 * 8:18 * 8 + 4]
         l4_pos_c = Mux(vlan_p_c,
                        Mux(vlan_c["ethertype"] == H.ETHERTYPE_IPV6, 11, ihl18 + 1),
                        Mux(eth_c["ethertype"] == H.ETHERTYPE_IPV6, 10, ihl14))
@@ -372,7 +410,7 @@ class Parser(wiring.Component):
                          is6.eq(ethertype_c == H.ETHERTYPE_IPV6)]
 
         # D2
-        d1_ipwin = ipwin_cap
+        d1_ipwin = Mux(vlan_p, ipraw[4 * 8:64 * 8], ipraw[:60 * 8])
         ip_off_c = Mux(vlan_p, 18, 14)
         ip4_c = unpack_header(H.IPV4, d1_ipwin[:160])
         ip6_c = unpack_header(H.IPV6, d1_ipwin[:320])
@@ -400,7 +438,7 @@ class Parser(wiring.Component):
                 v4_bad.eq(is4 & ((ip4_c["version"] != 4) | (ihl_c < 5)
                                  | (ip4_c["total_length"] < ihl_c * 4))),
                 v6_bad.eq(is6 & (ip6_c["version"] != 6)),
-                *(p.eq(v) for p, v in zip(csum_parts, ipv4_words_sums(d1_ipwin, ihl_c, CSUM_PARTS),
+                *(p.eq(v) for p, v in zip(csum_parts, header_words_sums(ipraw, CSUM_PARTS),
                                           strict=True)),
             ]
 
@@ -447,7 +485,6 @@ class Parser(wiring.Component):
         for name in rec.members:
             m.d.comb += record_c[name].eq(options if name == "ipv4_options" else values[name])
         d3_valid = Signal()
-        record = Signal(rec)
         ext_len = Signal(range(64), name="d3_ext_len")
         op_known, op_payload = Signal(name="d3_op_known"), Signal(name="d3_op_payload")
         hbase = Signal(8, name="d3_hbase")              # udp_off + UDP + BTH: hlen - ext_len
@@ -460,7 +497,6 @@ class Parser(wiring.Component):
         m.d.sync += d3_valid.eq(d2_valid)
         with m.If(d2_valid):
             m.d.sync += [
-                record.eq(record_c),
                 ext_len.eq(ext_len_c), op_known.eq(op_known_c), op_payload.eq(op_payload_c),
                 hbase.eq(udp_off + (H.UDP.size + H.BTH.size)),
                 pbase.eq((ip_end - (pad_c + 4)) - (udp_off + (H.UDP.size + H.BTH.size))),
@@ -479,8 +515,8 @@ class Parser(wiring.Component):
                 d3_is4.eq(is4),
             ]
         m.d.comb += [
-            rec_fifo.w_en.eq(d3_valid),
-            rec_fifo.w_data.eq(record),
+            rec_fifo.w_en.eq(d2_valid),      # the record goes into its FIFO at the end of D3
+            rec_fifo.w_data.eq(record_c),
         ]
 
         # D4: the opcode's extension-header length into the header and payload lengths
