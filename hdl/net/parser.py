@@ -131,14 +131,6 @@ def header_words_sums(lanes, groups):
     return [tree_sum(words[i:i + n]) for i in range(0, len(words), n)]
 
 
-def ipv4_words_sums(ip_lanes, ihl, groups=3):
-    """``ipv4_words_sum`` split into ``groups`` partial sums of consecutive words (for a
-    pipeline that adds them a clock later)."""
-    words = _ipv4_words(ip_lanes, ihl)
-    n = -(-len(words) // groups)
-    return [tree_sum(words[i:i + n]) for i in range(0, len(words), n)]
-
-
 def ext_extract(m, opcode, extv, name_prefix="ext", headers=H.EXT_HEADERS):
     """Each extension header's lanes (of ``headers``) from the extension-header vector, placed
     by opcode."""
@@ -233,10 +225,25 @@ class Parser(wiring.Component):
         lg = (B - 1).bit_length()
         beat = beat_layout(self.data_width)
         out_l = parser_record_layout(self.record_fields)
-        # the record FIFO holds the fields that are known when the header is decoded
-        rec = data.StructLayout({name: f.shape for name, f in out_l
-                                 if name not in LATE_FIELDS})
-        wanted = set(rec.members)
+        # The record FIFO holds the fields that are known when the header is decoded, but not the
+        # extension headers' fields: their raw bytes (those after the BTH, as far as the fields
+        # of ``o_meta`` reach) and the opcode, placed by opcode behind the FIFO. Headers share
+        # bytes (RETH's and AtomicETH's VA and R_Key, at offset 0, are the same bytes; so are
+        # AETH, IETH, DETH, ImmDt at offset 0), so 28 bytes hold all eight headers' 704 bits.
+        ext_of = {f"{h.name}_{f.name}": (h, f) for h in H.EXT_HEADERS for f in h.fields}
+        ext_fields = [name for name in out_l.members if name in ext_of]
+        ext_heads = [h for h in H.EXT_HEADERS if any(ext_of[n][0] is h for n in ext_fields)]
+        ext_bytes = max((off + -(-(f.first_bit + f.width) // 8)
+                         for n in ext_fields for h, f in [ext_of[n]]
+                         for code in H.OPCODES
+                         for hn, off in H.ext_layout(code)[0].items() if hn == h.name),
+                        default=0)
+        queued = {name: f.shape for name, f in out_l
+                  if name not in LATE_FIELDS and name not in ext_of}
+        if ext_fields:
+            queued.setdefault("bth_opcode", H.BTH.field("opcode").width)
+            queued["ext_raw"] = ext_bytes * 8
+        rec = data.StructLayout(queued)
 
         data_depth = 1 << (NW + 8 - 1).bit_length()
         rec_depth = 16     # LUT RAM is 16 deep: 16 entries cost what 8 did
@@ -282,7 +289,7 @@ class Parser(wiring.Component):
                 m.d.sync += a_idx.eq(a_idx + 1)
             m.d.sync += decode.eq((a_idx < NW) & ((a_idx == NW - 1) | self.i.payload.last))
 
-        # The IP header window (60 bytes from the IP header) and the L4 window (UDP, BTH and the
+        # The IP header window (the 64 bytes from offset 14) and the L4 window (UDP, BTH and the
         # extension headers) are not cut out of a window of the whole header by a mux on their
         # offset (12 positions for the L4 window: ~8 LUTs a bit): they are captured from the
         # accepted beats as they pass, each byte from the beat and lane where the frame's offsets
@@ -380,7 +387,7 @@ class Parser(wiring.Component):
                      {(off - 14) // 4: off for off in UDP_OFFSETS}, "l4")
 
         # ---------------------------------------------------------------- decoder
-        # Five clocks from ``decode`` to the decision FIFO write (DECODE_STAGES), four to the
+        # Five clocks from ``decode`` to the decision FIFO write (DECODE_STAGES), three to the
         # record FIFO's (RECORD_STAGES), so that no clock holds more than one step of the header
         # arithmetic (in one clock, window -> EtherType -> IP offset -> options -> checksum / UDP
         # offset -> opcode -> lengths -> checks was 45 logic levels, 19.8 ns on an ECP5 at
@@ -392,8 +399,8 @@ class Parser(wiring.Component):
         #       partial sums, the IP lengths; the Ethernet/VLAN bytes and the IP header window go
         #       on; the L4 window is captured in the same clock;
         #   D3  the opcode's decode (extension-header length, known, payload), the record
-        #       (written to its FIFO the next clock), the RoCE framing checks, the IPv4 word sum,
-        #       the lengths without the extension headers;
+        #       (written to its FIFO at the end of this clock), the RoCE framing checks, the
+        #       IPv4 word sum, the lengths without the extension headers;
         #   D4  header and payload lengths, the IPv4 checksum's fold and the decision (written to
         #       its FIFO the next clock; the late checks -- TVer, opcode, opcode lengths -- are
         #       made in stage B from the decision's operands).
@@ -455,8 +462,6 @@ class Parser(wiring.Component):
                         for i in range(H.MAX_IPV4_OPTIONS)))
         udp = unpack_header(H.UDP, l4[:64])
         bth = unpack_header(H.BTH, l4[64:160])
-        ext = ext_extract(m, bth["opcode"], l4[160:], headers=[
-            h for h in H.EXT_HEADERS if any(f"{h.name}_{f.name}" in wanted for f in h.fields)])
         ext_len_c, op_known_c, op_payload_c = ext_length(m, bth["opcode"])
 
         frag = (ip4["frag_offset"] != 0) | ip4["flags"][0]   # flags: reserved, DF, MF (bit 0)
@@ -477,11 +482,9 @@ class Parser(wiring.Component):
         # names fewer); payload_len comes from the decision, with the frame's last beat
         record_c = Signal(rec)
         parsed = {"eth": eth, "vlan": vlan, "ipv4": ip4, "ipv6": ip6, "udp": udp, "bth": bth}
-        for hname, lanes in ext.items():
-            parsed[hname] = unpack_header(next(h for h in H.EXT_HEADERS if h.name == hname), lanes)
         values = {f"{hname}_{fname}": value for hname, fields in parsed.items()
                   for fname, value in fields.items()}
-        values.update(vlan=vlan_p, ipv6=is6, roce=roce_c)
+        values.update(vlan=vlan_p, ipv6=is6, roce=roce_c, ext_raw=l4[160:160 + ext_bytes * 8])
         for name in rec.members:
             m.d.comb += record_c[name].eq(options if name == "ipv4_options" else values[name])
         d3_valid = Signal()
@@ -594,11 +597,8 @@ class Parser(wiring.Component):
         m.d.comb += remaining.eq(Mux(b_first, d.pe, rem_next))
         shifted = materialize(
             m, Cat(cur.data, nxt.data).bit_select(shift * 8, B * 8) if lg else cur.data, "shifted")
-        cand = Signal(beat)
-        m.d.comb += [
-            cand.keep.eq(Cat(*((remaining > b) for b in range(B)))),
-            cand.data.eq(shifted & Cat(*(cand.keep[b].replicate(8) for b in range(B)))),
-        ]
+        cand_keep = Signal(B)
+        m.d.comb += cand_keep.eq(Cat(*((remaining > b) for b in range(B))))
         cand_emit = materialize(m, (b_idx >= first_beat) & (remaining > 0), "cand_emit")
         cand_final = materialize(m, remaining <= B, "cand_final")
 
@@ -650,18 +650,27 @@ class Parser(wiring.Component):
         with m.Elif(transport_bad):
             m.d.comb += late.eq(DropReason.MALFORMED)
 
+        # The output beat: the shifted beat (a raw frame's is not shifted: its hlen is 0) or the
+        # held last payload beat, its bytes outside ``keep`` zeroed -- one mux for the data, the
+        # choice of the frame kind and of the beat made on the 8 keep bits alone.
         emit = Signal()
         out = Signal(beat)
+        use_fin = Signal()
         with m.If(d.raw):
-            m.d.comb += [emit.eq(1), out.eq(cur)]
+            m.d.comb += [emit.eq(1), out.keep.eq(cur.keep)]
         with m.Elif(cur.last):
-            m.d.comb += [emit.eq(1), out.last.eq(1)]
+            m.d.comb += emit.eq(1)
             with m.If(fin_valid):
-                m.d.comb += [out.data.eq(fin.data), out.keep.eq(fin.keep)]
+                m.d.comb += [use_fin.eq(1), out.keep.eq(fin.keep)]
             with m.Elif(cand_emit):
-                m.d.comb += [out.data.eq(cand.data), out.keep.eq(cand.keep)]
+                m.d.comb += out.keep.eq(cand_keep)
         with m.Elif(cand_emit & ~cand_final):
-            m.d.comb += [emit.eq(1), out.data.eq(cand.data), out.keep.eq(cand.keep)]
+            m.d.comb += [emit.eq(1), out.keep.eq(cand_keep)]
+        m.d.comb += [
+            out.last.eq(cur.last),
+            out.data.eq(Mux(use_fin, fin.data, shifted)
+                        & Cat(*(out.keep[b].replicate(8) for b in range(B)))),
+        ]
 
         with m.If(proc):
             m.d.sync += [icrc_rx.eq(icrc_next), rem_next.eq(remaining - B)]
@@ -670,7 +679,7 @@ class Parser(wiring.Component):
             with m.Else():
                 m.d.sync += [b_idx.eq(b_idx + 1), b_first.eq(0)]
                 with m.If(~d.raw & cand_emit & cand_final):
-                    m.d.sync += [fin.eq(cand), fin_valid.eq(1)]
+                    m.d.sync += [fin.data.eq(shifted), fin.keep.eq(cand_keep), fin_valid.eq(1)]
         m.d.comb += dec_fifo.r_en.eq(proc & cur.last)
 
         with m.If(adv):
@@ -705,10 +714,19 @@ class Parser(wiring.Component):
         with m.Else():
             m.d.comb += verdict.eq(o3.late)
         late_fields.update(drop=verdict != DropReason.NONE, reason=verdict)
+        # the record at the FIFO's head, the extension headers placed by opcode
+        q = rec(rec_fifo.r_data)
+        head = {name: q[name] for name in rec.members if name != "ext_raw"}
+        if ext_fields:
+            extv = Cat(q.ext_raw, Const(0, (L4_WINDOW - 20) * 8 - ext_bytes * 8))
+            for hname, lanes in ext_extract(m, q.bth_opcode, extv, "ext_out", ext_heads).items():
+                h = next(h for h in ext_heads if h.name == hname)
+                head.update({f"{hname}_{fname}": v
+                             for fname, v in unpack_header(h, lanes).items()})
         m.d.comb += [
             self.o.valid.eq(o3_valid),
             self.o.payload.eq(o3.beat),
-            *(self.o_meta[name].eq(rec(rec_fifo.r_data)[name]) for name in rec.members),
+            *(self.o_meta[name].eq(head[name]) for name in out_l.members if name in head),
             *(self.o_meta[name].eq(late_fields[name]) for name in LATE_FIELDS
               if name in out_l.members),
             rec_fifo.r_en.eq(self.o.valid & self.o.ready & o3.beat.last),
