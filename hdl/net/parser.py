@@ -366,14 +366,22 @@ class Parser(wiring.Component):
         # plain sum of the window's words, without a mask per word.
         is4_14 = eth_c["ethertype"] == H.ETHERTYPE_IPV4
         is4_18 = vlan_c["ethertype"] == H.ETHERTYPE_IPV4
+        # The same, registered every clock: a clock old, they are this frame's for a byte whose
+        # beat comes after the one with byte 18 (at 64 bits, every byte from offset 24 on), which
+        # takes the EtherType and IHL decode off the capture's reset path for those bytes
+        hdr_now = Cat(vlan_p_c, is4_14, is4_18, ihl14, ihl18)
+        hdr_reg = Signal.like(hdr_now, name="ipraw_hdr")
+        m.d.sync += hdr_reg.eq(hdr_now)
 
         def ip_keep(j):
-            # read from the window when byte j passes: the EtherType and the IHL precede it
+            # the EtherType and the IHL precede byte j: read them from the window as it passes
             if j < 4:
                 return ~vlan_p_c
-            in14 = ~is4_14 | (j // 4 < 5) | (j // 4 < ihl14)
-            in18 = ~is4_18 | ((j - 4) // 4 < 5) | ((j - 4) // 4 < ihl18)
-            return Mux(vlan_p_c, in18, in14)
+            hdr = hdr_reg if (14 + j) // B > 18 // B else hdr_now
+            vlan, v4_14, v4_18, i14, i18 = hdr[0], hdr[1], hdr[2], hdr[3:7], hdr[7:11]
+            in14 = ~v4_14 | (j // 4 < 5) | (j // 4 < i14)
+            in18 = ~v4_18 | ((j - 4) // 4 < 5) | ((j - 4) // 4 < i18)
+            return Mux(vlan, in18, in14)
         ipraw = capture(64, a1_valid, a1_idx, a1_data, None, {0: 14}, "ipraw", keep=ip_keep)
         # l4_pos: the UDP header's offset is 14 + 4 * l4_pos (l4_pos = VLAN + 10 for IPv6, VLAN +
         # IHL else), each alignment decoded straight from the window bytes; registered every
