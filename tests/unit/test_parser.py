@@ -203,6 +203,17 @@ SHAPES = [(False, None, 0), (True, None, 0), (False, (5, 100), 0), (False, None,
 # Tests
 # --------------------------------------------------------------------------------------------
 
+def opcode_cases(rng, width):
+    """random_roce arguments for every opcode, the shapes (IPv6, VLAN, IPv4 options) in turn."""
+    cases = []
+    for n, opcode in enumerate(H.OPCODES):
+        ipv6, vlan, nopt = SHAPES[n % len(SHAPES)]
+        cases.append(P.random_roce(rng, opcode, ipv6=ipv6, vlan=vlan,
+                                   ip_options=P.ip_options_of_length(nopt, rng) if nopt else b"",
+                                   payload_len=small_payload_len(rng, opcode, width)))
+    return cases
+
+
 @pytest.mark.parametrize("seed", run_seeds([1]))
 @pytest.mark.parametrize("width", WIDTHS)
 def test_valid_frames_fields_and_payload(width, seed):
@@ -210,13 +221,7 @@ def test_valid_frames_fields_and_payload(width, seed):
     ECN/DSCP/TTL/ID/ports/BTH fields: payload and every record field equal scapy's view, under
     random gaps and backpressure."""
     rng = seeded_rng(f"parser-valid-{width}", seed)
-    cases = []
-    for n, opcode in enumerate(H.OPCODES):
-        ipv6, vlan, nopt = SHAPES[n % len(SHAPES)]
-        kw = P.random_roce(rng, opcode, ipv6=ipv6, vlan=vlan,
-                           ip_options=P.ip_options_of_length(nopt, rng) if nopt else b"",
-                           payload_len=small_payload_len(rng, opcode, width))
-        cases.append(kw)
+    cases = opcode_cases(rng, width)
     rng.shuffle(cases)
     frames = [P.roce_frame(**kw) for kw in cases]
     _, _, _, got = run_parser(width, frames, rng, p_valid=0.8, p_ready=0.7)
@@ -248,13 +253,8 @@ def test_record_fields_subset(width):
     values scapy gives (valid frames of every opcode and shape) and the verdicts of the labels
     (faults and non-RoCE frames), under random gaps and backpressure."""
     rng = seeded_rng(f"parser-subset-{width}", 6)
-    trace = []
-    for n, opcode in enumerate(H.OPCODES):
-        ipv6, vlan, nopt = SHAPES[n % len(SHAPES)]
-        kw = P.random_roce(rng, opcode, ipv6=ipv6, vlan=vlan,
-                           ip_options=P.ip_options_of_length(nopt, rng) if nopt else b"",
-                           payload_len=small_payload_len(rng, opcode, width))
-        trace.append((P.roce_frame(**kw), Expect.PASS, H.opcode_name(opcode), kw["payload"]))
+    trace = [(P.roce_frame(**kw), Expect.PASS, H.opcode_name(kw["opcode"]), kw["payload"])
+             for kw in opcode_cases(rng, width)]
     trace += [t for t in verdict_trace(rng, width) if t[1] != Expect.PASS][::3]
     rng.shuffle(trace)
     dut, _, _, got = run_parser(width, [t[0] for t in trace], rng, p_valid=0.8, p_ready=0.7,
