@@ -39,13 +39,15 @@ CLI (one place and route at a time; the machine is shared)::
         [--freq 125] [--seed 1] [--qps 256] [--width 64] [--tenants 256] [--classes 8]
         [--sq-depth 4] [--rq-depth 4] [--mr-entries 64] [--mr-pages 64]
         [--device 85k|um5g-85k|...] [--speed 6|7|8] [--router router1|router2]
-        [--no-port-regs] [--paths 3] [--late 25] [--depth]
+        [--no-port-regs] [--paths 3] [--late 25] [--depth [--levels 2]]
 
 prints the stages with their times, then fmax, resources and the worst paths of the clock.
 ``--depth`` stops after synthesis and prints :func:`logic_depth`'s estimate instead (the
-deepest path of each pair of blocks, ``--paths`` of them, also in ``depth.json``): ``core``
-(the whole ``NicCore``) synthesizes in about 10 minutes, and shows the paths between blocks
-that the out-of-context runs cut with their port registers.
+deepest path of each pair of blocks, ``--paths`` of them, also in ``depth.json``) and the
+cells per block of the hierarchy (:func:`block_resources`, ``--levels`` deep, also in
+``blocks.json``): ``core`` (the whole ``NicCore``) synthesizes in about 10 minutes, and shows
+the paths between blocks that the out-of-context runs cut with their port registers, and where
+the core's logic is in context.
 ``rxflow`` (RxFlowPipeline), ``transport`` (RcTransport), ``txbuild`` (TxBuilder),
 ``deparser``, ``dma`` and ``csr`` (``AxiLiteCsrBank(REGMAP)``) are built with the parameters
 ``NicCore`` gives them; ``--sq-depth`` ... ``--mr-pages`` default to the ECPIX-5 board's
@@ -73,6 +75,7 @@ from stellar.hdl.axil import FlatPorts
 
 __all__ = ["PortRegisters", "TimingResult", "run_timing", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_yosys_stat", "endpoint_arrivals", "logic_depth",
+           "block_resources", "format_blocks",
            "synthesize", "format_depth", "TARGETS", "board_config", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -267,16 +270,90 @@ DEPTH_SOURCES = {"DP16KD": 3.0, "PDPW16KD": 3.0}
 _CCU2C_INPUTS = ("A0", "B0", "C0", "D0", "A1", "B1", "C1", "D1")
 
 
-def _block_of(net):
+def _block_of(net, levels=2):
     """The block a Yosys net name belongs to: its hierarchy without the PortRegisters harness's
-    ``flat.inner.`` and without the signal name, at most two levels (``pipe.parser``);
+    ``flat.inner.`` and without the signal name, at most ``levels`` levels (``pipe.parser``);
     ``port`` for the harness's port registers."""
     if net.startswith("preg_"):
         return "port"
     parts = net.split(" ")[0].split(".")
     if parts[:2] == ["flat", "inner"]:
         parts = parts[2:]
-    return ".".join(parts[:-1][:2]) or "top"
+    return ".".join(parts[:-1][:levels]) or "top"
+
+
+BLOCK_CELL_TYPES = ("LUT4", "CCU2C", "PFUMX", "L6MUX21", "TRELLIS_DPR16X4", "TRELLIS_FF",
+                    "DP16KD", "MULT18X18D")
+
+
+def block_resources(netlist, levels=2):
+    """Cells of a flattened Yosys ECP5 netlist (``top.json``, text or parsed) per block of the
+    hierarchy, as ``{block: {cell type: count}}``.
+
+    Out-of-context figures miss what synthesis does in context (drops logic nobody reads,
+    folds a shared multiplexer into every register it feeds); this counts the cells of the
+    whole design where they are. A cell belongs to the block of the first named net it drives
+    (Yosys's ``autoname`` names most nets after a neighbouring cell, so the prefix still tells
+    the block); a cell that drives only Yosys's own ``$`` nets, like most of ABC's LUTs, belongs
+    to the block of a cell it feeds, found backwards from the named ones (so a LUT is counted
+    with the register it computes); "?" if none."""
+    d = json.loads(netlist) if isinstance(netlist, str) else netlist
+    mods = d["modules"]
+    mod = next((m for m in mods.values() if m.get("attributes", {}).get("top")),
+               next(iter(mods.values())))
+    cells = mod["cells"]
+    named = {}
+    for name, net in mod["netnames"].items():
+        if name.startswith("$"):
+            continue
+        for b in net["bits"]:
+            if isinstance(b, int) and (b not in named or len(name) < len(named[b])):
+                named[b] = name
+    driver = {}
+    block = {}
+    for cname in sorted(cells):
+        c = cells[cname]
+        for port, bits in c["connections"].items():
+            if c["port_directions"][port] != "output":
+                continue
+            for b in bits:
+                if isinstance(b, int):
+                    driver[b] = cname
+                    if cname not in block and b in named:
+                        block[cname] = _block_of(named[b], levels)
+    work = sorted(block)
+    while work:
+        cname = work.pop()
+        c = cells[cname]
+        for port, bits in c["connections"].items():
+            if c["port_directions"][port] != "input":
+                continue
+            for b in bits:
+                src = driver.get(b) if isinstance(b, int) else None
+                if src is not None and src not in block:
+                    block[src] = block[cname]
+                    work.append(src)
+    out = {}
+    for cname, c in cells.items():
+        counts = out.setdefault(block.get(cname, "?"), {})
+        counts[c["type"]] = counts.get(c["type"], 0) + 1
+    return out
+
+
+def format_blocks(blocks, types=BLOCK_CELL_TYPES):
+    """``block_resources`` as a table, the most LUT4 first, with a total line."""
+    rows = sorted(blocks.items(), key=lambda kv: (-kv[1].get("LUT4", 0), kv[0]))
+    head = f"  {'block':32s}" + "".join(f"{t[:10]:>11s}" for t in types)
+    lines = [head]
+    total = {}
+    for name, counts in rows:
+        if not any(counts.get(t) for t in types):
+            continue
+        for t in types:
+            total[t] = total.get(t, 0) + counts.get(t, 0)
+        lines.append(f"  {name[:32]:32s}" + "".join(f"{counts.get(t, 0):11d}" for t in types))
+    lines.append(f"  {'total':32s}" + "".join(f"{total.get(t, 0):11d}" for t in types))
+    return "\n".join(lines)
 
 
 def logic_depth(netlist, n=40):
@@ -647,6 +724,8 @@ def main(argv=None):
                     help="synthesize only and print the logic-depth estimate (logic_depth): the "
                          "deepest path of each pair of blocks; minutes where a routed run of the "
                          "whole core takes over an hour")
+    ap.add_argument("--levels", type=int, default=2,
+                    help="--depth: hierarchy levels of the cells-per-block table")
     a = ap.parse_args(argv)
     params = dict(qps=a.qps, tenants=a.tenants, classes=a.classes, width=a.width,
                   sq_depth=a.sq_depth, rq_depth=a.rq_depth, mr_entries=a.mr_entries,
@@ -661,10 +740,15 @@ def main(argv=None):
         wd = BUILD / f"{a.target}_depth"
         synthesize(comp, f"{a.target}_top", wd, port_regs=not a.no_port_regs,
                    progress=lambda s: print(s, flush=True))
-        rows = logic_depth((wd / "top.json").read_text(), n=max(a.paths, 1))
+        netlist = json.loads((wd / "top.json").read_text())
+        rows = logic_depth(netlist, n=max(a.paths, 1))
         (wd / "depth.json").write_text(json.dumps(rows, indent=1))
         print(format_depth(rows))
-        print(f"depth: {os.path.relpath(wd, ROOT)}/depth.json")
+        blocks = block_resources(netlist, levels=a.levels)
+        (wd / "blocks.json").write_text(json.dumps(blocks, indent=1, sort_keys=True))
+        print("cells per block (block_resources):")
+        print(format_blocks(blocks))
+        print(f"depth: {os.path.relpath(wd, ROOT)}/depth.json, blocks.json")
         return 0
     res = run_timing(comp, f"{a.target}_top", freq=a.freq, seed=a.seed, device=a.device,
                      speed=a.speed, router=a.router, port_regs=not a.no_port_regs,

@@ -146,3 +146,31 @@ def test_logic_depth_ranks_paths_by_block_pair():
     assert len(loop) == 1 and loop[0]["depth"] >= 2 * w     # c.z -> loop1 (-> loop2 -> loop1)
     # one row per (start block, end block): the ram -> c.z path is also the worst into c
     assert len({(timing._block_of(r["start"]), r["end"].split(".")[2]) for r in rows}) == len(rows)
+
+
+def test_block_resources_counts_cells_where_they_feed():
+    """A hand-made netlist: cells named by the net they drive count in that net's block; ABC's
+    unnamed LUTs count with the named cell they feed, through a chain of them; a block RAM is
+    named by its output; a cell that feeds nothing named is "?"; ``levels`` cuts the name."""
+    cells = {
+        "$abc$1": _cell("LUT4", [("A", 2)], [("Z", 3)]),             # -> $abc$2 -> a.x FF
+        "$abc$2": _cell("LUT4", [("A", 3)], [("Z", 4)]),
+        "$auto$ff1": _cell("TRELLIS_FF", [("DI", 4)], [("Q", 5)]),   # Q named flat.inner.a.x
+        "$abc$3": _cell("LUT4", [("A", 5)], [("Z", 6)]),             # named b.w
+        "$auto$ff2": _cell("TRELLIS_FF", [("DI", 6)], [("Q", 7)]),   # Q only a $ net: p.q's
+        "$abc$4": _cell("LUT4", [("A", 7)], [("Z", 8)]),             # feeds the RAM
+        "mem": _cell("DP16KD", [("DIA0", 8)], [("DOA0", 9)]),        # DOA0 named p.q.r.rdata
+        "$abc$5": _cell("LUT4", [("A", 9)], [("Z", 10)]),            # feeds nothing named
+    }
+    netnames = {"flat.inner.a.x": {"bits": [5]}, "flat.inner.b.w": {"bits": [6]},
+                "flat.inner.p.q.r.rdata": {"bits": [9]}, "$abc$net": {"bits": [3, 4, 8, 10]},
+                "$auto$q": {"bits": [7]}}
+    netlist = {"modules": {"top": {"attributes": {"top": "1"}, "cells": cells,
+                                   "netnames": netnames}}}
+    got = timing.block_resources(json.dumps(netlist))
+    assert got == {"a": {"LUT4": 2, "TRELLIS_FF": 1}, "b": {"LUT4": 1},
+                   "p.q": {"TRELLIS_FF": 1, "LUT4": 1, "DP16KD": 1}, "?": {"LUT4": 1}}
+    assert timing.block_resources(netlist, levels=3)["p.q.r"] == {"TRELLIS_FF": 1, "LUT4": 1,
+                                                                 "DP16KD": 1}
+    table = timing.format_blocks(got).splitlines()
+    assert table[1].split()[:3] == ["a", "2", "0"] and table[-1].split()[1] == "5"
