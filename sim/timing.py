@@ -282,6 +282,14 @@ def _block_of(net, levels=2):
     return ".".join(parts[:-1][:levels]) or "top"
 
 
+def _top_module(netlist):
+    """The top module of a Yosys JSON netlist (text or parsed)."""
+    d = json.loads(netlist) if isinstance(netlist, str) else netlist
+    mods = d["modules"]
+    return next((m for m in mods.values() if m.get("attributes", {}).get("top")),
+                next(iter(mods.values())))
+
+
 BLOCK_CELL_TYPES = ("LUT4", "CCU2C", "PFUMX", "L6MUX21", "TRELLIS_DPR16X4", "TRELLIS_FF",
                     "DP16KD", "MULT18X18D")
 
@@ -297,10 +305,7 @@ def block_resources(netlist, levels=2):
     the block); a cell that drives only Yosys's own ``$`` nets, like most of ABC's LUTs, belongs
     to the block of a cell it feeds, found backwards from the named ones (so a LUT is counted
     with the register it computes); "?" if none."""
-    d = json.loads(netlist) if isinstance(netlist, str) else netlist
-    mods = d["modules"]
-    mod = next((m for m in mods.values() if m.get("attributes", {}).get("top")),
-               next(iter(mods.values())))
+    mod = _top_module(netlist)
     cells = mod["cells"]
     named = {}
     for name, net in mod["netnames"].items():
@@ -370,10 +375,7 @@ def logic_depth(netlist, n=40):
     Returns the worst path of each distinct (start block, end block) pair, worst first, at most
     ``n``: dicts with ``depth``, ``start`` (net), ``end`` (cell.port), ``blocks`` (the blocks
     the path passes through, in order, repeats merged)."""
-    d = json.loads(netlist) if isinstance(netlist, str) else netlist
-    mods = d["modules"]
-    mod = next((m for m in mods.values() if m.get("attributes", {}).get("top")),
-               next(iter(mods.values())))
+    mod = _top_module(netlist)
     cells = mod["cells"]
     names = {}
     for name, net in mod["netnames"].items():
