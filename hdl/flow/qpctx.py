@@ -137,14 +137,7 @@ class QpContextStore(wiring.Component):
 
     @staticmethod
     def _part(value, names):
-        """The bits of the fields ``names`` of a context (a Value or an int), in order."""
-        if isinstance(value, int):
-            out, pos = 0, 0
-            for n in names:
-                f = QP_CONTEXT[n]
-                out |= (value >> QP_CONTEXT.offsets[n] & ((1 << f.width) - 1)) << pos
-                pos += f.width
-            return out
+        """The bits of the fields ``names`` of a context (a Value), in order."""
         return Cat(*(value[QP_CONTEXT.offsets[n]:QP_CONTEXT.offsets[n] + QP_CONTEXT[n].width]
                      for n in names))
 
