@@ -6,7 +6,7 @@ it runs.
 
     python -m stellar.hdl.boards.build --board ecpix5|versa_ecp5_5g|colorlight_5a75b|ulx3s_85f
         [--qps N] [--core-mhz F] [--seed N] [--router router1|router2] [--build-dir build]
-        [--no-bitstream]
+        [--no-bitstream] [--place-only]
 
 Writes to ``<build-dir>/<board>/``: the amaranth-boards build tree (``stellar_<board>.il``,
 ``.ys``, ``.lpf``, the Yosys log ``.rpt``, the nextpnr log ``.tim``, nextpnr's ``report.json``),
@@ -19,6 +19,12 @@ failing domains otherwise (the bitstream is still written, for a look on the ben
 counts as failed); 2 when a tool fails. Tools are taken from the environment variables
 ``YOSYS``, ``NEXTPNR_ECP5``, ``ECPPACK`` (default: the YoWASP commands next to this Python);
 ``OPENFPGALOADER`` is passed through for programming (``--program``).
+
+``--place-only`` stops after placement: the fmax figures are then nextpnr's estimates from the
+placed cells' distances, and nextpnr writes ``placed.sdf`` and ``placed.json``, from which
+``stellar.sim.sdfpaths`` names the worst paths (nextpnr itself names them only after routing):
+``placed_paths.txt`` / ``.json``, the worst path of each pair of blocks, step by step with the
+tile distance of every net.
 """
 
 import argparse
@@ -127,7 +133,8 @@ def _watch(paths, stop, started):
         last = phase or last
 
 
-def build(board, config, build_dir, *, seed=1, router=None, bitstream=True, program=False):
+def build(board, config, build_dir, *, seed=1, router=None, bitstream=True, program=False,
+          place_only=False):
     """Build ``board`` with ``config`` in ``build_dir``; returns (exit status, summary dict)."""
     env = _tool_env()
     name = f"stellar_{board.name}"
@@ -142,6 +149,9 @@ def build(board, config, build_dir, *, seed=1, router=None, bitstream=True, prog
     # seed 1, 2026-12-02: 125.4 / 131.4 / 134.7 MHz against router2's 111.5 / 112.8 / 107.4).
     router = router or ("router2" if config.core else "router1")
     nextpnr_opts = f"--report report.json --timing-allow-fail --seed {seed} --router {router}"
+    if place_only:
+        bitstream = False
+        nextpnr_opts += " --no-route --sdf placed.sdf --write placed.json"
     # Elaborate first: the top's RX_CLK pin is known only then, and its constraint must be in
     # the LPF (amaranth-boards gives the pin no Clock()).
     from amaranth.hdl import Fragment
@@ -195,6 +205,14 @@ def build(board, config, build_dir, *, seed=1, router=None, bitstream=True, prog
     text = summarize(board, config, parsed, seconds)
     (build_dir / "summary.txt").write_text(text + "\n")
     print(text, flush=True)
+    if place_only:
+        from stellar.sim.sdfpaths import analyse
+        rows, paths = analyse(build_dir, 1000.0 / (pll.core_hz / 1e6), n=30)
+        (build_dir / "placed_paths.txt").write_text(paths + "\n")
+        (build_dir / "placed_paths.json").write_text(json.dumps(rows, indent=1) + "\n")
+        print(paths.split("\n\n")[0], flush=True)
+        print(f"== {board.name}: placement only; the paths step by step in "
+              f"{build_dir / 'placed_paths.txt'}", flush=True)
     failed = [d for d, c in parsed["clocks"].items() if not c["met"]]
     missing = {"sync", "eth_tx"} - set(parsed["clocks"])
     if failed or missing:
@@ -228,6 +246,9 @@ def main(argv=None):
     ap.add_argument("--build-dir", default="build", help="parent of <board>/")
     ap.add_argument("--no-bitstream", action="store_true", help="stop after place-and-route")
     ap.add_argument("--program", action="store_true", help="load the bitstream with $OPENFPGALOADER")
+    ap.add_argument("--place-only", action="store_true",
+                    help="stop after placement and name the worst paths of nextpnr's estimate "
+                         "(placed_paths.txt)")
     args = ap.parse_args(argv)
     board = BOARDS[args.board]
     config = board.config
@@ -238,7 +259,8 @@ def main(argv=None):
     if args.core is not None:
         config = replace(config, core=args.core)
     status, _ = build(board, config, Path(args.build_dir) / board.name, seed=args.seed,
-                      router=args.router, bitstream=not args.no_bitstream, program=args.program)
+                      router=args.router, bitstream=not args.no_bitstream, program=args.program,
+                      place_only=args.place_only)
     sys.exit(status)
 
 
