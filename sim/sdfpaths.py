@@ -26,7 +26,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-__all__ = ["parse_sdf", "placed_names", "worst_paths", "format_paths", "analyse", "block_of", "main"]
+__all__ = ["parse_sdf", "placed_names", "worst_paths", "format_paths", "analyse", "block_of",
+           "bit_names", "main"]
 
 _ESC = re.compile(r"\\(.)")
 _DELAY = re.compile(r"\(([-\d.]*):([-\d.]*):([-\d.]*)\)")
@@ -101,18 +102,25 @@ def parse_sdf(text):
     return {"types": types, "nets": nets, "iopaths": iopaths, "checks": checks}
 
 
+def bit_names(mod):
+    """bit -> the most readable name of a Yosys/nextpnr JSON module's net bit: fewest
+    Yosys-generated (``$``) parts, then shortest."""
+    names = {}
+    for name, net in mod["netnames"].items():
+        for b in net["bits"]:
+            if isinstance(b, int) and (b not in names or (name.count("$"), len(name))
+                                       < (names[b].count("$"), len(names[b]))):
+                names[b] = name
+    return names
+
+
 def placed_names(netlist):
     """From nextpnr's ``--write`` JSON (text or parsed): (driver pin -> net name, cell ->
     (x, y) tile of its placed BEL)."""
     if isinstance(netlist, str):
         netlist = json.loads(netlist)
     mod = next(iter(netlist["modules"].values()))
-    bitname = {}
-    for name, net in mod["netnames"].items():
-        for b in net["bits"]:
-            if isinstance(b, int) and (b not in bitname or (name.count("$"), len(name))
-                                       < (bitname[b].count("$"), len(bitname[b]))):
-                bitname[b] = name
+    bitname = bit_names(mod)
     names, locs = {}, {}
     for cname, c in mod["cells"].items():
         bel = c.get("attributes", {}).get("NEXTPNR_BEL", "")

@@ -72,6 +72,7 @@ from amaranth.hdl import Module, Shape, Signal, ValueCastable
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from stellar.hdl.axil import FlatPorts
+from stellar.sim.sdfpaths import bit_names
 
 __all__ = ["PortRegisters", "TimingResult", "run_timing", "parse_nextpnr_report",
            "parse_nextpnr_log", "parse_yosys_stat", "endpoint_arrivals", "logic_depth",
@@ -377,13 +378,7 @@ def logic_depth(netlist, n=40):
     the path passes through, in order, repeats merged)."""
     mod = _top_module(netlist)
     cells = mod["cells"]
-    names = {}
-    for name, net in mod["netnames"].items():
-        for b in net["bits"]:
-            # the most readable name of a bit: fewest Yosys-generated ($) parts, then shortest
-            if isinstance(b, int) and (b not in names or (name.count("$"), len(name))
-                                       < (names[b].count("$"), len(names[b]))):
-                names[b] = name
+    names = bit_names(mod)
     driver = {}
     for cname, c in cells.items():
         for port, bits in c["connections"].items():
