@@ -13,7 +13,8 @@ simulators), hence this small one.
 
 What it does not do: clock skew and the clock network's delay (nextpnr's estimate counts
 skew; its ECP5 global clocks add little), multicycle or false paths, and rise/fall separation
-(it takes the larger of the two). Paths between different clocks are reported under their pair
+(it takes the larger of the two). The constant nets start no path (nextpnr routes them from
+LUTs, and its estimate may count them). Paths between different clocks are reported under their pair
 of clock nets, not timed against a phase relation.
 
 :func:`parse_sdf` reads the file; :func:`worst_paths` ranks the endpoints; with the placed JSON
@@ -28,6 +29,9 @@ from pathlib import Path
 
 __all__ = ["parse_sdf", "placed_names", "worst_paths", "format_paths", "analyse", "block_of",
            "bit_names", "main"]
+
+# nextpnr-ecp5's cells that drive the constant nets ($PACKER_VCC_NET, $PACKER_GND_NET)
+CONSTANT_CELLS = ("$PACKER_VCC", "$PACKER_GND")
 
 _ESC = re.compile(r"\\(.)")
 _DELAY = re.compile(r"\(([-\d.]*):([-\d.]*):([-\d.]*)\)")
@@ -74,7 +78,11 @@ def parse_sdf(text):
         if "(INTERCONNECT" in line:
             m = _INTERCONNECT.match(line)
             if m:
-                nets[_pin(m.group(2))] = (_pin(m.group(1)), _max_ps(m.group(3)))
+                src = _pin(m.group(1))
+                # nextpnr-ecp5's constant drivers: a constant never switches, so it starts no
+                # path (its sinks count as undriven: arrival 0, no wire)
+                if src[0] not in CONSTANT_CELLS:
+                    nets[_pin(m.group(2))] = (src, _max_ps(m.group(3)))
             continue
         if "(IOPATH" in line:
             m = _IOPATH.match(line)

@@ -36,6 +36,7 @@ SDF = r"""(DELAYFILE
         (INTERCONNECT l3/F l4/A (10:10:10)(10:10:10))
         (INTERCONNECT l4/F l3/D (10:10:10)(10:10:10))
         (INTERCONNECT l4/F b/CE (30:30:30)(30:30:30))
+        (INTERCONNECT \$PACKER_VCC/F l1/B (9000:9000:9000)(9000:9000:9000))
       )
     )
   )
@@ -54,6 +55,7 @@ SDF = r"""(DELAYFILE
     (DELAY
       (ABSOLUTE
         (IOPATH A F (200:200:200)(190:190:190))
+        (IOPATH B F (200:200:200)(190:190:190))
       )
     )
   )
@@ -120,6 +122,7 @@ def test_parse_sdf_reads_nets_arcs_and_checks():
     assert sdf["iopaths"]["l2"]["F"] == [("B", 300.0)]
     assert sdf["checks"]["b"]["DI"] == ("CLK", 50.0)        # setup, not hold
     assert sdf["checks"]["b"]["CE"] == ("CLK", 70.0)
+    assert ("l1", "B") not in sdf["nets"]                   # a constant starts no path
 
 
 def test_worst_paths_sum_the_delays_by_hand():
