@@ -74,8 +74,9 @@ verilog: $(STAMP)
 # bitstream, nextpnr report and summary (LUT4/FF/EBR/DSP, fmax per clock domain) in build/<BOARD>/.
 # Fails when a clock domain misses its constraint. Tens of minutes for the 85F parts.
 BOARD   ?= ecpix5
+BUILD_ARGS ?=
 bitstream: $(STAMP)
-	$(BIN)/python -m stellar.hdl.boards.build --board $(BOARD)
+	$(BIN)/python -m stellar.hdl.boards.build --board $(BOARD) $(BUILD_ARGS)
 
 # Tests too long for `make test`'s budget: one board bitstream end to end (CI runs it after test).
 test-slow: $(STAMP)
