@@ -28,10 +28,12 @@ from collections import defaultdict
 from pathlib import Path
 
 __all__ = ["parse_sdf", "placed_names", "worst_paths", "format_paths", "analyse", "block_of",
-           "bit_names", "main"]
+           "bit_names", "block_spread", "main"]
 
 # nextpnr-ecp5's cells that drive the constant nets ($PACKER_VCC_NET, $PACKER_GND_NET)
 CONSTANT_CELLS = ("$PACKER_VCC", "$PACKER_GND")
+# placed cell types that count for a block's spread
+SPREAD_TYPES = ("TRELLIS_COMB", "TRELLIS_FF", "TRELLIS_RAMW", "DP16KD", "MULT18X18D")
 
 _ESC = re.compile(r"\\(.)")
 _DELAY = re.compile(r"\(([-\d.]*):([-\d.]*):([-\d.]*)\)")
@@ -143,7 +145,7 @@ def placed_names(netlist):
     return names, locs
 
 
-def worst_paths(sdf, period_ns, n=20, distinct=None):
+def worst_paths(sdf, period_ns, n=20, distinct=None, summary=None):
     """Static timing of a parsed SDF (:func:`parse_sdf`) against one clock period.
 
     A path starts at a clock-to-out arc (a register, block RAM or registered multiplier output;
@@ -155,7 +157,10 @@ def worst_paths(sdf, period_ns, n=20, distinct=None):
     ``(kind, ps, cell, port)`` from the launch on, kind ``clk2q``, ``net`` (to cell/port),
     ``cell`` (through it to port) or ``setup``. ``distinct`` is a function of an endpoint's
     dict; only the first (worst) endpoint of each value is kept (for example one per pair of
-    blocks)."""
+    blocks). ``summary``, a dict, receives per capture clock (its driver pin): ``endpoints``,
+    ``failing`` (negative slack), ``histogram`` (failing endpoints by whole ns of negative
+    slack: ``{0: misses by less than 1 ns, 1: ..., ...}``) and ``wire_share`` (the nets' part
+    of the failing paths' summed delay)."""
     types, nets, iopaths, checks = sdf["types"], sdf["nets"], sdf["iopaths"], sdf["checks"]
     clock_ports = defaultdict(set)
     for cell, chk in checks.items():
@@ -220,8 +225,8 @@ def worst_paths(sdf, period_ns, n=20, distinct=None):
             a, launch = in_arrival((cell, data))
             ends.append((a + setup, cell, data, clk, setup, launch))
     ends.sort(key=lambda e: -e[0])
-    rows, seen = [], set()
-    for total, cell, data, clk, setup, launch in ends:
+
+    def trace(cell, data, setup):
         steps = [("setup", setup, cell, data)]
         ip = (cell, data)
         while True:
@@ -238,6 +243,26 @@ def worst_paths(sdf, period_ns, n=20, distinct=None):
             steps.append(("cell", d, drv[0][0], drv[0][1]))
             ip = prev
         steps.reverse()
+        return steps
+
+    if summary is not None:
+        wire, total_ps = defaultdict(float), defaultdict(float)
+        for total, cell, data, clk, setup, _launch in ends:
+            cap = clock_of(cell, clk)
+            sm = summary.setdefault(cap, {"endpoints": 0, "failing": 0, "histogram": {}})
+            sm["endpoints"] += 1
+            late = total / 1000 - period_ns
+            if late > 0:
+                sm["failing"] += 1
+                sm["histogram"][int(late)] = sm["histogram"].get(int(late), 0) + 1
+                wire[cap] += sum(ps for k, ps, _, _ in trace(cell, data, setup) if k == "net")
+                total_ps[cap] += total
+        for cap, sm in summary.items():
+            sm["histogram"] = dict(sorted(sm["histogram"].items()))
+            sm["wire_share"] = round(wire[cap] / total_ps[cap], 3) if total_ps[cap] else 0.0
+    rows, seen = [], set()
+    for total, cell, data, clk, setup, launch in ends:
+        steps = trace(cell, data, setup)
         row = {"slack_ns": round(period_ns - total / 1000, 3), "arrival_ns": round(total / 1000, 3),
                "launch": launch, "capture": clock_of(cell, clk), "end": f"{cell}/{data}",
                "end_type": types.get(cell, "?"), "steps": steps}
@@ -278,6 +303,43 @@ def format_paths(rows, names=None, locs=None, types=None, width=100):
     return "\n".join(out)
 
 
+_PLACED = {}
+
+
+def _placed(path):
+    """(parsed nextpnr JSON, path) of ``path``, read once."""
+    key = str(path)
+    if key not in _PLACED:
+        _PLACED.clear()
+        _PLACED[key] = json.loads(Path(path).read_text())
+    return _PLACED[key], key
+
+
+def block_spread(netlist, levels=2, min_cells=200):
+    """Where each block of a placed nextpnr design lies: per block of the hierarchy
+    (``levels`` deep) with at least ``min_cells`` placed logic, flip-flop, RAM and multiplier
+    cells, the count, its block RAMs and the mean and standard deviation of the cells' tile
+    x and y. Largest first. A block whose cells spread across the die pays for it in wire on
+    every path between them."""
+    mod = next(iter(netlist["modules"].values()))
+    pos = defaultdict(list)
+    for cname, c in mod["cells"].items():
+        m = re.match(r"X(\d+)/Y(\d+)/", c.get("attributes", {}).get("NEXTPNR_BEL", ""))
+        if m and c["type"] in SPREAD_TYPES:
+            pos[block_of(cname, levels)].append((int(m.group(1)), int(m.group(2)), c["type"]))
+    out = []
+    for blk, p in pos.items():
+        if len(p) < min_cells:
+            continue
+        xs, ys = [a[0] for a in p], [a[1] for a in p]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        out.append({"block": blk, "cells": len(p), "ebr": sum(a[2] == "DP16KD" for a in p),
+                    "x": round(mx, 1), "y": round(my, 1),
+                    "x_sd": round((sum((x - mx) ** 2 for x in xs) / len(xs)) ** 0.5, 1),
+                    "y_sd": round((sum((y - my) ** 2 for y in ys) / len(ys)) ** 0.5, 1)})
+    return sorted(out, key=lambda b: -b["cells"])
+
+
 def _cell_nets(names):
     """cell -> the name of the net it drives: a flip-flop's ``Q``, else the most readable."""
     best = {}
@@ -303,7 +365,7 @@ def analyse(workdir, period_ns, n=20, levels=3, sdf="placed.sdf", netlist="place
     parsed = parse_sdf((workdir / sdf).read_text())
     names, locs = ({}, {})
     if (workdir / netlist).exists():
-        names, locs = placed_names((workdir / netlist).read_text())
+        names, locs = placed_names(_placed(workdir / netlist)[0])
     cell_net = _cell_nets(names)
 
     def annotate(row):
@@ -317,13 +379,29 @@ def analyse(workdir, period_ns, n=20, levels=3, sdf="placed.sdf", netlist="place
         row["end_block"] = block_of(row["end_net"], levels)
         return row["start_block"], row["end_block"], row["launch"], row["capture"]
 
-    rows = worst_paths(parsed, period_ns, n=n, distinct=annotate)
-    head = [f"{'slack':>7s} {'arrival':>7s}  start block -> end block  (start net -> end net)"]
+    summary = {}
+    rows = worst_paths(parsed, period_ns, n=n, distinct=annotate, summary=summary)
+    head = []
+    for cap, sm in sorted(summary.items(), key=lambda kv: -kv[1]["endpoints"]):
+        hist = ", ".join(f"{k}-{k + 1} ns: {v}" for k, v in sm["histogram"].items())
+        head.append(f"clock {cap}: {sm['failing']} of {sm['endpoints']} endpoints miss "
+                    f"{period_ns:g} ns" + (f" ({hist}); wire {sm['wire_share']:.0%} of their delay"
+                                           if sm["failing"] else ""))
+    spread = block_spread(_placed(workdir / netlist)[0], levels=max(levels - 1, 1)) \
+        if (workdir / netlist).exists() else []
+    if spread:
+        head.append("")
+        head.append(f"{'cells':>7s} {'EBR':>4s}  {'x mean+-sd':>11s} {'y mean+-sd':>11s}  block "
+                    f"(placed cells by hierarchy)")
+        for b in spread[:25]:
+            head.append(f"{b['cells']:7d} {b['ebr']:4d}  {b['x']:5.1f}+-{b['x_sd']:4.1f} "
+                        f"{b['y']:5.1f}+-{b['y_sd']:4.1f}  {b['block']}")
+    head += ["", f"{'slack':>7s} {'arrival':>7s}  start block -> end block  (start net -> end net)"]
     for r in rows:
         head.append(f"{r['slack_ns']:+7.2f} {r['arrival_ns']:7.2f}  {r['start_block']} -> "
                     f"{r['end_block']}  ({r['start_net']} -> {r['end_net']})")
     text = "\n".join(head) + "\n\n" + format_paths(rows, names, locs, parsed["types"])
-    return rows, text
+    return rows, text, {"clocks": summary, "blocks": spread}
 
 
 def main(argv=None):
@@ -337,10 +415,10 @@ def main(argv=None):
     ap.add_argument("--paths", type=int, default=20, help="paths to print (20)")
     ap.add_argument("--levels", type=int, default=3, help="hierarchy levels of a block (3)")
     a = ap.parse_args(argv)
-    rows, text = analyse(a.workdir, a.period, a.paths, a.levels)
+    rows, text, summary = analyse(a.workdir, a.period, a.paths, a.levels)
     out = Path(a.workdir)
     (out / "placed_paths.txt").write_text(text + "\n")
-    (out / "placed_paths.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "placed_paths.json").write_text(json.dumps({**summary, "paths": rows}, indent=1) + "\n")
     print(text)
     print(f"written: {out / 'placed_paths.txt'}, placed_paths.json")
     return 0 if not rows or rows[0]["slack_ns"] >= 0 else 1

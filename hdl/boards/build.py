@@ -207,10 +207,11 @@ def build(board, config, build_dir, *, seed=1, router=None, bitstream=True, prog
     print(text, flush=True)
     if place_only:
         from stellar.sim.sdfpaths import analyse
-        rows, paths = analyse(build_dir, 1000.0 / (pll.core_hz / 1e6), n=30)
+        rows, paths, found = analyse(build_dir, 1000.0 / (pll.core_hz / 1e6), n=30)
         (build_dir / "placed_paths.txt").write_text(paths + "\n")
-        (build_dir / "placed_paths.json").write_text(json.dumps(rows, indent=1) + "\n")
-        print(paths.split("\n\n")[0], flush=True)
+        (build_dir / "placed_paths.json").write_text(json.dumps({**found, "paths": rows}, indent=1)
+                                                     + "\n")
+        print(paths.split("\n\nslack ")[0], flush=True)
         print(f"== {board.name}: placement only; the paths step by step in "
               f"{build_dir / 'placed_paths.txt'}", flush=True)
     failed = [d for d, c in parsed["clocks"].items() if not c["met"]]

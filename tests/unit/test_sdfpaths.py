@@ -147,6 +147,13 @@ def test_worst_paths_sum_the_delays_by_hand():
         sdfpaths.parse_sdf(SDF), 8.0, distinct=lambda r: r["end"].split("/")[0])] == ["b/CE"]
     text = sdfpaths.format_paths(rows[:2])
     assert "slack +3.65 ns" in text and "clk2q" in text
+    # at 1.0 ns: b/CE misses by 3.35 ns (bucket 3), b/DI by 0.32 (bucket 0); b/M meets
+    summary = {}
+    sdfpaths.worst_paths(sdfpaths.parse_sdf(SDF), 1.0, summary=summary)
+    sm = summary["pll/CLKOP"]
+    assert (sm["endpoints"], sm["failing"], sm["histogram"]) == (3, 2, {0: 1, 3: 1})
+    # nets: b/CE 40 + 10 + 30, b/DI 100 + 150 + 120; of 4350 + 1320 ps in all
+    assert sm["wire_share"] == pytest.approx(450 / 5670, abs=1e-3)
 
 
 def test_placed_names_reads_bels_and_net_names():
@@ -159,6 +166,19 @@ def test_placed_names_reads_bels_and_net_names():
     names, locs = sdfpaths.placed_names(netlist)
     assert names == {("l1", "F"): "core.x.valid"}
     assert locs == {"l1": (12, 40)}
+
+
+def test_block_spread_mean_and_deviation_per_block():
+    cells = {f"core.x.r{i}": {"type": "TRELLIS_FF",
+                              "attributes": {"NEXTPNR_BEL": f"X{10 + 4 * (i % 2)}/Y{20}/FF0"}}
+             for i in range(4)}
+    cells.update({f"core.y.m{i}": {"type": "DP16KD", "attributes": {"NEXTPNR_BEL": f"X{i}/Y7/EBR"}}
+                  for i in range(3)})
+    cells["core.y.io"] = {"type": "TRELLIS_IO", "attributes": {"NEXTPNR_BEL": "X0/Y0/PIOA"}}
+    spread = sdfpaths.block_spread({"modules": {"top": {"cells": cells}}}, min_cells=1)
+    assert spread == [
+        {"block": "core.x", "cells": 4, "ebr": 0, "x": 12.0, "y": 20.0, "x_sd": 2.0, "y_sd": 0.0},
+        {"block": "core.y", "cells": 3, "ebr": 3, "x": 1.0, "y": 7.0, "x_sd": 0.8, "y_sd": 0.0}]
 
 
 # A small design placed by nextpnr: an 8-stage chain of 24-bit adders between registers.
@@ -202,6 +222,8 @@ def test_worst_path_matches_nextpnr_placement_estimate(tmp_path):
     assert sdfpaths.main([str(tmp_path), "--period", "8", "--paths", "5"]) == 1   # 96.8 < 125
     text = (tmp_path / "placed_paths.txt").read_text()
     assert "clk2q" in text and "tiles" in text
-    rows2, _ = sdfpaths.analyse(tmp_path, 8.0)
+    rows2, _, found = sdfpaths.analyse(tmp_path, 8.0)
     assert rows2[0]["arrival_ns"] == pytest.approx(rows[0]["arrival_ns"])
     assert rows2[0]["start_block"] == "top"
+    (clock,) = [c for c in found["clocks"] if "clk" in c]
+    assert found["clocks"][clock]["failing"] >= 1 and "miss 8 ns" in text
