@@ -799,8 +799,10 @@ class RcTransport(wiring.Component):
         una0 = Signal(24)           # una when the response arrived (progress detection)
 
         # --- one-writer signals driven from the states below
-        rx_take = Signal()
-        m.d.comb += self.rx_meta.ready.eq(rx_take)
+        rx_take = Signal()          # the decision; the take itself is a clock later
+        rx_taking = Signal()
+        m.d.sync += rx_taking.eq(rx_take)
+        m.d.comb += self.rx_meta.ready.eq(rx_taking)
         sched_push = Signal()
         m.d.comb += [self.sched_push.valid.eq(sched_push), self.sched_push.payload.qp.eq(qp)]
         # Credits back to the feeder of wr / rr (one state sets each, so one pulse per clock).
@@ -855,10 +857,19 @@ class RcTransport(wiring.Component):
         wb_new = {"epsn": rsp_epsn,      # psn + (READ: read_n, else 1)
                   "msn": new_msn}
         assert set(wb_new) == set(CORE_WB_FIELDS), "the write-back fields are CORE_WB_FIELDS"
-        m.d.comb += self.wb.payload.ctx.eq(ictx)
-        m.d.comb += [getattr(self.wb.payload.ctx, f).eq(v) for f, v in wb_new.items()]
+        # The take of rx_meta and the write-back are registered: both come one clock after the
+        # deciding state (DO, AFTER_RX), together, as the store's contract wants. Decided in
+        # the same clock, the take was a combinational handshake from the record through the
+        # transport's decision into the pipeline's record queue; placed on the ECPIX-5 that path
+        # had nets of 61 and 59 tiles (18.3 ns, the core's worst, `stellar.sim.sdfpaths`). The
+        # packet, its context and everything the write-back is computed from hold still for
+        # that clock (the packet is not taken yet, no other write-back can come); the IDLE that
+        # follows starts no RX event with the packet still presented.
+        wb_go = Signal()            # the decision to write back (in _accept)
+        m.d.sync += [self.wb.valid.eq(wb_go), self.wb.payload.ctx.eq(ictx),
+                     self.wb.payload.index.eq(qp)]
+        m.d.sync += [getattr(self.wb.payload.ctx, f).eq(v) for f, v in wb_new.items()]
         m.d.comb += [
-            self.wb.payload.index.eq(qp),
             sqd_wr.addr.eq(Cat(s.sq_head[:SQB], qp)),
             sqd_wr.data.eq(wrq.inline_data),
         ]
@@ -1012,7 +1023,7 @@ class RcTransport(wiring.Component):
                 with m.If(initq.r_rdy):
                     m.d.sync += [ev.eq(_Ev.INIT), qp.eq(init.index)]
                     m.next = "LOAD"
-                with m.Elif(self.rx_meta.valid & (prefer_rx | ~others)):
+                with m.Elif(self.rx_meta.valid & ~rx_taking & (prefer_rx | ~others)):
                     m.d.sync += [ev.eq(_Ev.RX), qp.eq(meta.ann.qp), prefer_rx.eq(0)]
                     m.next = "LOAD"
                 with m.Elif(toq.r_rdy):
@@ -1338,7 +1349,7 @@ class RcTransport(wiring.Component):
         psn, plen = v.psn, v.plen
         m.d.comb += [
             csr.rx_requests_inc.eq(1),
-            self.wb.valid.eq(1),        # (its payload is driven in every clock, in elaborate)
+            v.wb_go.eq(1),              # the write-back, a clock later with the take (elaborate)
             ns.nak_sent.eq(0),
         ]
         with m.If(v.first):
