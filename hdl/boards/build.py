@@ -40,7 +40,7 @@ from pathlib import Path
 
 from .top import BOARDS, ETH_HZ, BoardTop
 
-__all__ = ["main", "parse_report", "summarize", "DOMAIN_NETS"]
+__all__ = ["main", "parse_report", "parse_log_fmax", "summarize", "DOMAIN_NETS"]
 
 # Clock nets of the board top, as nextpnr names them, -> clock domain. Synthesis keeps one of
 # the names a clock net has (``clk_core`` may come out as ``bank.clk``): a net matching none of
@@ -82,6 +82,25 @@ def _domain(net):
     return "sync"
 
 
+_FMAX_LOG = re.compile(r"Max frequency for clock\s+'([^']+)': ([\d.]+) MHz \((?:PASS|FAIL) at "
+                       r"([\d.]+) MHz\)")
+
+
+def parse_log_fmax(text):
+    """The fmax lines of a nextpnr log (``.tim``) -> ``{domain: {"net", "fmax_mhz",
+    "constraint_mhz", "met", "estimated"}}``, the last line of each clock winning. After a
+    ``--no-route`` run these are nextpnr's estimates from placement, which its report.json does
+    not carry (``estimated``: no "routing" step in the log yet)."""
+    estimated = "Routing complete" not in text and "Running router" not in text
+    clocks = {}
+    for net, achieved, constraint in _FMAX_LOG.findall(text):
+        achieved, constraint = float(achieved), float(constraint)
+        clocks[_domain(net)] = {"net": net, "fmax_mhz": round(achieved, 2),
+                                "constraint_mhz": round(constraint, 2),
+                                "met": achieved >= constraint, "estimated": estimated}
+    return clocks
+
+
 def parse_report(report):
     """nextpnr's ``--report`` JSON -> ``{"resources": {col: (used, available)}, "clocks":
     {domain: {"net", "fmax_mhz", "constraint_mhz", "met"}}}``."""
@@ -103,8 +122,9 @@ def summarize(board, config, parsed, seconds):
         lines.append(f"   {col:<7} {used:>7} of {avail:<7}{pct}")
     for domain, c in sorted(parsed["clocks"].items()):
         verdict = "met" if c["met"] else "FAILED"
+        est = " (estimated after placement)" if c.get("estimated") else ""
         lines.append(f"   {domain:<9} fmax {c['fmax_mhz']:7.2f} MHz  constraint "
-                     f"{c['constraint_mhz']:7.2f} MHz  {verdict}")
+                     f"{c['constraint_mhz']:7.2f} MHz  {verdict}{est}")
     lines.append(f"   build time {seconds / 60:.1f} min")
     return "\n".join(lines)
 
@@ -198,6 +218,10 @@ def build(board, config, build_dir, *, seed=1, router=None, bitstream=True, prog
                   f"shell", file=sys.stderr)
         return 2, None
     parsed = parse_report(json.loads(report_path.read_text()))
+    if place_only:
+        # report.json carries fmax only after routing; the log has the placement estimates
+        tim = build_dir / f"{name}.tim"
+        parsed["clocks"] = parse_log_fmax(tim.read_text(errors="replace") if tim.exists() else "")
     summary = {"board": board.name, "device": board.device, "config": asdict(config),
                "core_hz": pll.core_hz, "seconds": round(seconds), **parsed,
                "bitstream": str(build_dir / f"{name}.bit") if bitstream else None}

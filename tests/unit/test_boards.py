@@ -17,7 +17,7 @@ from amaranth.sim import Simulator
 from stellar.hdl.axil import Resp
 from stellar.hdl.boards.axilsplit import AxiLiteSplit
 from stellar.hdl.boards.axiram import Axi4Ram
-from stellar.hdl.boards.build import parse_report
+from stellar.hdl.boards.build import parse_log_fmax, parse_report, summarize
 from stellar.hdl.boards.top import ETH_HZ, pll_config
 from stellar.hdl.boards.wq import RegisterQueues
 from stellar.hdl.csr import AxiLiteCsrBank
@@ -338,3 +338,26 @@ def test_pll_phases_match_ecppll():
     assert (p["CLKOS_CPHASE"], p["CLKOS_FPHASE"]) == (3, 2)
     assert (p["CLKOS2_CPHASE"], p["CLKOS2_FPHASE"]) == (2, 0)
     assert p["FEEDBK_PATH"] == "CLKOP"
+
+
+def test_parse_log_fmax_takes_placement_estimates():
+    log = """Info: Max frequency for clock '$glbnet$bank.clk': 51.40 MHz (FAIL at 125.00 MHz)
+Info: Max frequency for clock          '$glbnet$eth_tx_clk': 176.77 MHz (PASS at 125.00 MHz)
+Info: Running simulated annealing placer for refinement.
+Info: Max frequency for clock '$glbnet$bank.clk': 54.56 MHz (FAIL at 125.00 MHz)
+Info: Max frequency for clock '$glbnet$phy.rx_ctl.eth_rx_clk': 99.11 MHz (FAIL at 125.00 MHz)
+"""
+    clocks = parse_log_fmax(log)
+    assert clocks["sync"] == {"net": "$glbnet$bank.clk", "fmax_mhz": 54.56, "constraint_mhz": 125.0,
+                              "met": False, "estimated": True}     # the last line wins
+    assert clocks["eth_tx"]["met"] and clocks["eth_rx"]["fmax_mhz"] == 99.11
+    assert not parse_log_fmax(log + "Info: Running router2...\n")["sync"]["estimated"]
+
+    class Board:
+        name, device = "ecpix5", "LFE5UM5G-85F"
+
+    class Config:
+        def describe(self):
+            return "256 QPs"
+    text = summarize(Board(), Config(), {"resources": {}, "clocks": clocks}, 60)
+    assert "54.56 MHz  constraint  125.00 MHz  FAILED (estimated after placement)" in text
