@@ -303,18 +303,6 @@ def format_paths(rows, names=None, locs=None, types=None, width=100):
     return "\n".join(out)
 
 
-_PLACED = {}
-
-
-def _placed(path):
-    """(parsed nextpnr JSON, path) of ``path``, read once."""
-    key = str(path)
-    if key not in _PLACED:
-        _PLACED.clear()
-        _PLACED[key] = json.loads(Path(path).read_text())
-    return _PLACED[key], key
-
-
 def block_spread(netlist, levels=2, min_cells=200):
     """Where each block of a placed nextpnr design lies: per block of the hierarchy
     (``levels`` deep) with at least ``min_cells`` placed logic, flip-flop, RAM and multiplier
@@ -363,9 +351,10 @@ def analyse(workdir, period_ns, n=20, levels=3, sdf="placed.sdf", netlist="place
     also carries ``start_net``, ``end_net``, ``start_block`` and ``end_block``."""
     workdir = Path(workdir)
     parsed = parse_sdf((workdir / sdf).read_text())
-    names, locs = ({}, {})
+    names, locs, placed = {}, {}, None
     if (workdir / netlist).exists():
-        names, locs = placed_names(_placed(workdir / netlist)[0])
+        placed = json.loads((workdir / netlist).read_text())
+        names, locs = placed_names(placed)
     cell_net = _cell_nets(names)
 
     def annotate(row):
@@ -387,8 +376,7 @@ def analyse(workdir, period_ns, n=20, levels=3, sdf="placed.sdf", netlist="place
         head.append(f"clock {cap}: {sm['failing']} of {sm['endpoints']} endpoints miss "
                     f"{period_ns:g} ns" + (f" ({hist}); wire {sm['wire_share']:.0%} of their delay"
                                            if sm["failing"] else ""))
-    spread = block_spread(_placed(workdir / netlist)[0], levels=max(levels - 1, 1)) \
-        if (workdir / netlist).exists() else []
+    spread = block_spread(placed, levels=max(levels - 1, 1)) if placed else []
     if spread:
         head.append("")
         head.append(f"{'cells':>7s} {'EBR':>4s}  {'x mean+-sd':>11s} {'y mean+-sd':>11s}  block "
