@@ -5,8 +5,8 @@ it runs.
 ::
 
     python -m stellar.hdl.boards.build --board ecpix5|versa_ecp5_5g|colorlight_5a75b|ulx3s_85f
-        [--qps N] [--core-mhz F] [--seed N] [--router router1|router2] [--build-dir build]
-        [--no-bitstream] [--place-only]
+        [--qps N] [--core-mhz F] [--seed N] [--placer heap|static] [--router router1|router2]
+        [--build-dir build] [--no-bitstream] [--place-only]
 
 Writes to ``<build-dir>/<board>/``: the amaranth-boards build tree (``stellar_<board>.il``,
 ``.ys``, ``.lpf``, the Yosys log ``.rpt``, the nextpnr log ``.tim``, nextpnr's ``report.json``),
@@ -40,7 +40,8 @@ from pathlib import Path
 
 from .top import BOARDS, ETH_HZ, BoardTop
 
-__all__ = ["main", "parse_report", "parse_log_fmax", "summarize", "DOMAIN_NETS"]
+__all__ = ["main", "default_placer", "nextpnr_options", "parse_report", "parse_log_fmax",
+           "summarize", "DOMAIN_NETS"]
 
 # Clock nets of the board top, as nextpnr names them, -> clock domain. Synthesis keeps one of
 # the names a clock net has (``clk_core`` may come out as ``bank.clk``): a net matching none of
@@ -153,8 +154,33 @@ def _watch(paths, stop, started):
         last = phase or last
 
 
-def build(board, config, build_dir, *, seed=1, router=None, bitstream=True, program=False,
-          place_only=False):
+def default_placer(config):
+    """nextpnr's placer, unless given: ``static`` (its electrostatic placer) for builds with the
+    NIC core, ``heap`` (nextpnr's default, HeAP + simulated annealing) for the shell. On the
+    ECPIX-5 core (2026-12-06, the same netlist, seed 1) HeAP placed with 708k of wire and left
+    router2 at 95k / 64k overused wires after two iterations; the static placer placed with
+    540k and router2 went 83k / 52k / 34k / 26k / 21k / 18k / 18k / 18k over eight. The shell
+    meets 125 MHz with HeAP on the 25F, so it keeps it."""
+    return "static" if config.core else "heap"
+
+
+def nextpnr_options(config, *, seed=1, router=None, placer=None, place_only=False):
+    """The nextpnr-ecp5 options of a build (amaranth-boards adds the device, package and files)."""
+    # The router, unless given: router2 for builds with the NIC core, router1 for the shell. On the
+    # full core (84 % of the 85F's LUTs) router1 had routed 10k of 353k arcs after 8 minutes, its
+    # rip-ups keeping pace with its progress; on the small shell router1 times better (Colorlight,
+    # seed 1, 2026-12-02: 125.4 / 131.4 / 134.7 MHz against router2's 111.5 / 112.8 / 107.4).
+    router = router or ("router2" if config.core else "router1")
+    placer = placer or default_placer(config)
+    opts = (f"--report report.json --timing-allow-fail --seed {seed} --placer {placer} "
+            f"--router {router}")
+    if place_only:
+        opts += " --no-route --sdf placed.sdf --write placed.json"
+    return opts
+
+
+def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstream=True,
+          program=False, place_only=False):
     """Build ``board`` with ``config`` in ``build_dir``; returns (exit status, summary dict)."""
     env = _tool_env()
     name = f"stellar_{board.name}"
@@ -163,15 +189,10 @@ def build(board, config, build_dir, *, seed=1, router=None, bitstream=True, prog
     top = BoardTop(board, config)
     print(f"== {board.name}: elaborating ({config.describe()})", flush=True)
     started = time.monotonic()
-    # The router, unless given: router2 for builds with the NIC core, router1 for the shell. On the
-    # full core (84 % of the 85F's LUTs) router1 had routed 10k of 353k arcs after 8 minutes, its
-    # rip-ups keeping pace with its progress; on the small shell router1 times better (Colorlight,
-    # seed 1, 2026-12-02: 125.4 / 131.4 / 134.7 MHz against router2's 111.5 / 112.8 / 107.4).
-    router = router or ("router2" if config.core else "router1")
-    nextpnr_opts = f"--report report.json --timing-allow-fail --seed {seed} --router {router}"
+    nextpnr_opts = nextpnr_options(config, seed=seed, router=router, placer=placer,
+                                   place_only=place_only)
     if place_only:
         bitstream = False
-        nextpnr_opts += " --no-route --sdf placed.sdf --write placed.json"
     # Elaborate first: the top's RX_CLK pin is known only then, and its constraint must be in
     # the LPF (amaranth-boards gives the pin no Clock()).
     from amaranth.hdl import Fragment
@@ -266,6 +287,8 @@ def main(argv=None):
     ap.add_argument("--core", action=argparse.BooleanOptionalAction, default=None,
                     help="with (--core) or without (--no-core: the shell) NicCore; default: the board's")
     ap.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    ap.add_argument("--placer", choices=("heap", "static"),
+                    help="nextpnr placer (default: static with the NIC core, heap for the shell)")
     ap.add_argument("--router", choices=("router1", "router2"),
                     help="nextpnr router (default: router2 with the NIC core, router1 for the shell)")
     ap.add_argument("--build-dir", default="build", help="parent of <board>/")
@@ -284,8 +307,8 @@ def main(argv=None):
     if args.core is not None:
         config = replace(config, core=args.core)
     status, _ = build(board, config, Path(args.build_dir) / board.name, seed=args.seed,
-                      router=args.router, bitstream=not args.no_bitstream, program=args.program,
-                      place_only=args.place_only)
+                      router=args.router, placer=args.placer, bitstream=not args.no_bitstream,
+                      program=args.program, place_only=args.place_only)
     sys.exit(status)
 
 

@@ -17,8 +17,8 @@ from amaranth.sim import Simulator
 from stellar.hdl.axil import Resp
 from stellar.hdl.boards.axilsplit import AxiLiteSplit
 from stellar.hdl.boards.axiram import Axi4Ram
-from stellar.hdl.boards.build import parse_log_fmax, parse_report, summarize
-from stellar.hdl.boards.top import ETH_HZ, pll_config
+from stellar.hdl.boards.build import nextpnr_options, parse_log_fmax, parse_report, summarize
+from stellar.hdl.boards.top import BOARDS, ETH_HZ, pll_config
 from stellar.hdl.boards.wq import RegisterQueues
 from stellar.hdl.csr import AxiLiteCsrBank
 from stellar.hdl.regmap import REGMAP, RegisterMap
@@ -321,6 +321,28 @@ def test_parse_report_maps_domains_and_verdicts():
     assert p["resources"]["DSP"] == (2, 156) and p["resources"]["LUTRAM"] == (0, 0)
     assert p["clocks"]["sync"]["met"] and p["clocks"]["eth_tx"]["met"]
     assert not p["clocks"]["eth_rx"]["met"] and p["clocks"]["eth_rx"]["fmax_mhz"] == 110.0
+
+
+def test_nextpnr_options_pick_placer_and_router():
+    """The core builds place with nextpnr's static placer and route with router2; the shell keeps
+    HeAP and router1; an explicit choice wins; --place-only writes the placed SDF and netlist."""
+    from dataclasses import replace
+
+    def opts(config, **kw):
+        words = nextpnr_options(config, **kw).split()
+        return {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}, words
+
+    core = BOARDS["ecpix5"].config
+    shell = replace(BOARDS["colorlight_5a75b"].config, core=False)
+    assert core.core
+    o, words = opts(core, seed=3)
+    assert (o["--placer"], o["--router"], o["--seed"]) == ("static", "router2", "3")
+    assert "--timing-allow-fail" in words and "--no-route" not in words
+    o, _ = opts(shell)
+    assert (o["--placer"], o["--router"]) == ("heap", "router1")
+    o, words = opts(core, placer="heap", router="router1", place_only=True)
+    assert (o["--placer"], o["--router"]) == ("heap", "router1")
+    assert "--no-route" in words and o["--sdf"] == "placed.sdf" and o["--write"] == "placed.json"
 
 
 def test_pll_phases_match_ecppll():
