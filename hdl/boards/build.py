@@ -6,7 +6,7 @@ it runs.
 
     python -m stellar.hdl.boards.build --board ecpix5|versa_ecp5_5g|colorlight_5a75b|ulx3s_85f
         [--qps N] [--core-mhz F] [--seed N] [--placer heap|static] [--router router1|router2]
-        [--build-dir build] [--no-bitstream] [--place-only]
+        [--patience N] [--heatmap] [--build-dir build] [--no-bitstream] [--place-only]
 
 Writes to ``<build-dir>/<board>/``: the amaranth-boards build tree (``stellar_<board>.il``,
 ``.ys``, ``.lpf``, the Yosys log ``.rpt``, the nextpnr log ``.tim``, nextpnr's ``report.json``),
@@ -20,6 +20,13 @@ counts as failed); 2 when a tool fails. Tools are taken from the environment var
 ``YOSYS``, ``NEXTPNR_ECP5``, ``ECPPACK`` (default: the YoWASP commands next to this Python);
 ``OPENFPGALOADER`` is passed through for programming (``--program``).
 
+Routing that does not converge fails the build too (exit 1): when router2 goes ``--patience``
+(8) iterations without a new lowest count of overused wires, the build stops it and writes the
+summary with the placement's estimates and ``"routing": {"converged": false, "iterations":
+[[iteration, overused wires], ...]}``. ``--heatmap`` has router2 write its congestion heatmaps
+(``heat_*.csv``) and summarizes the last in ``congestion.txt`` / ``.json``
+(``stellar.sim.congestion``: overuse by block, net, wire type and die region).
+
 ``--place-only`` stops after placement: the fmax figures are then nextpnr's estimates from the
 placed cells' distances, and nextpnr writes ``placed.sdf`` and ``placed.json``, from which
 ``stellar.sim.sdfpaths`` names the worst paths (nextpnr itself names them only after routing):
@@ -31,6 +38,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -41,7 +49,7 @@ from pathlib import Path
 from .top import BOARDS, ETH_HZ, BoardTop
 
 __all__ = ["main", "default_placer", "nextpnr_options", "parse_report", "parse_log_fmax",
-           "summarize", "DOMAIN_NETS"]
+           "parse_log_utilisation", "route_progress", "route_stalled", "summarize", "DOMAIN_NETS"]
 
 # Clock nets of the board top, as nextpnr names them, -> clock domain. Synthesis keeps one of
 # the names a clock net has (``clk_core`` may come out as ``bank.clk``): a net matching none of
@@ -102,6 +110,32 @@ def parse_log_fmax(text):
     return clocks
 
 
+_ROUTE_ITER = re.compile(r"iter=(\d+) wires=\d+ overused=(\d+)")
+_UTIL = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
+
+
+def route_progress(text):
+    """router2's iterations in a nextpnr log: ``[(iteration, overused wires), ...]``."""
+    return [(int(i), int(o)) for i, o in _ROUTE_ITER.findall(text)]
+
+
+def route_stalled(progress, patience):
+    """True when router2 has gone ``patience`` iterations without a new lowest count of overused
+    wires: on this design it no longer converges (router2 raises its congestion costs every
+    iteration, so a route that converges keeps setting new lows). ``patience`` 0: never."""
+    if not patience or len(progress) <= patience:
+        return False
+    best_at = min(range(len(progress)), key=lambda k: (progress[k][1], k))
+    return len(progress) - 1 - best_at >= patience
+
+
+def parse_log_utilisation(text):
+    """The "Device utilisation" block of a nextpnr log -> ``{col: (used, available)}`` (the
+    figures report.json has, for a run stopped before it wrote one)."""
+    found = {cell: (int(u), int(a)) for cell, u, a in _UTIL.findall(text)}
+    return {col: found.get(cell, (0, 0)) for col, cell in RESOURCES}
+
+
 def parse_report(report):
     """nextpnr's ``--report`` JSON -> ``{"resources": {col: (used, available)}, "clocks":
     {domain: {"net", "fmax_mhz", "constraint_mhz", "met"}}}``."""
@@ -132,26 +166,38 @@ def summarize(board, config, parsed, seconds):
 
 _PHASES = re.compile(r"^(\d+(\.\d+)*\. Executing \S+|Info: (Packing|Placed|Running router|Routing|"
                      r"Program finished|Max frequency|Checksum|Legalis|Running placer|"
-                     r"Running main analytical)).*")
+                     r"Running main analytical|\s+iter=\d+ wires)).*")
+
+# router2 iterations without a new lowest overuse before a build stops routing (--patience).
+PATIENCE = 8
+# seconds between progress lines (and router2 checks)
+POLL_S = 30
+# the --router2-heatmap prefix of --heatmap builds
+HEATMAP = "heat"
 
 
-def _watch(paths, stop, started):
-    """Print the newest phase line of the tool logs every 30 s until ``stop`` is set."""
+def _watch(paths, stop, started, stall=None):
+    """Print the newest phase line of the tool logs every 30 s until ``stop`` is set; call
+    ``stall()`` (once) when the nextpnr log (the last path) shows router2 stalled."""
     last = None
-    while not stop.wait(30):
-        phase = None
+    while not stop.wait(POLL_S):
+        phase, text = None, ""
         for path in paths:
             try:
                 with open(path, errors="replace") as f:
-                    for line in f:
-                        if _PHASES.match(line):
-                            phase = f"{path.suffix[1:]}: {line.strip()[:100]}"
+                    text = f.read()
             except FileNotFoundError:
+                text = ""
                 continue
+            for line in text.splitlines():
+                if _PHASES.match(line):
+                    phase = f"{path.suffix[1:]}: {line.strip()[:100]}"
         elapsed = time.monotonic() - started
         print(f"   [{elapsed / 60:5.1f} min] {phase if phase and phase != last else 'working'}",
               flush=True)
         last = phase or last
+        if stall is not None and stall(text):
+            stall = None
 
 
 def default_placer(config):
@@ -164,7 +210,7 @@ def default_placer(config):
     return "static" if config.core else "heap"
 
 
-def nextpnr_options(config, *, seed=1, router=None, placer=None, place_only=False):
+def nextpnr_options(config, *, seed=1, router=None, placer=None, place_only=False, heatmap=False):
     """The nextpnr-ecp5 options of a build (amaranth-boards adds the device, package and files)."""
     # The router, unless given: router2 for builds with the NIC core, router1 for the shell. On the
     # full core (84 % of the 85F's LUTs) router1 had routed 10k of 353k arcs after 8 minutes, its
@@ -176,12 +222,36 @@ def nextpnr_options(config, *, seed=1, router=None, placer=None, place_only=Fals
             f"--router {router}")
     if place_only:
         opts += " --no-route --sdf placed.sdf --write placed.json"
+    elif heatmap and router == "router2":
+        opts += f" --router2-heatmap {HEATMAP}"
     return opts
 
 
+def _write_summary(build_dir, summary, text):
+    (build_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (build_dir / "summary.txt").write_text(text + "\n")
+    print(text, flush=True)
+
+
+def _congestion(build_dir):
+    """Summarize router2's last heatmaps into congestion.txt / .json (None without any)."""
+    from stellar.sim.congestion import iterations
+    from stellar.sim.congestion import summarize as summarize_congestion
+    if not iterations(build_dir, HEATMAP):
+        return None
+    text, found = summarize_congestion(build_dir, HEATMAP)
+    (build_dir / "congestion.txt").write_text(text + "\n")
+    (build_dir / "congestion.json").write_text(json.dumps(found, indent=1) + "\n")
+    print(text, flush=True)
+    return found
+
+
 def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstream=True,
-          program=False, place_only=False):
-    """Build ``board`` with ``config`` in ``build_dir``; returns (exit status, summary dict)."""
+          program=False, place_only=False, heatmap=False, patience=PATIENCE):
+    """Build ``board`` with ``config`` in ``build_dir``; returns (exit status, summary dict).
+    A router2 run that goes ``patience`` iterations without a new lowest overuse is stopped and
+    the build fails (exit 1, ``summary["routing"]``); ``heatmap`` has router2 write its
+    congestion heatmaps and summarizes them in ``congestion.txt``."""
     env = _tool_env()
     name = f"stellar_{board.name}"
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -190,7 +260,7 @@ def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstre
     print(f"== {board.name}: elaborating ({config.describe()})", flush=True)
     started = time.monotonic()
     nextpnr_opts = nextpnr_options(config, seed=seed, router=router, placer=placer,
-                                   place_only=place_only)
+                                   place_only=place_only, heatmap=heatmap)
     if place_only:
         bitstream = False
     # Elaborate first: the top's RX_CLK pin is known only then, and its constraint must be in
@@ -215,23 +285,56 @@ def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstre
           f"{pll.core_hz / 1e6:.2f} MHz (VCO {pll.vco_hz / 1e6:g} MHz); synthesis and "
           f"place-and-route in {build_dir} (logs {name}.rpt, {name}.tim)", flush=True)
     stop = threading.Event()
+    proc = subprocess.Popen(["sh", script.name], cwd=build_dir, env=env, start_new_session=True)
+    stalled = []
+
+    def stall(log_text):
+        progress = route_progress(log_text)
+        if route_stalled(progress, patience) and proc.poll() is None:
+            stalled.append(progress)
+            os.killpg(proc.pid, signal.SIGTERM)
+            return True
+        return False
     watcher = threading.Thread(target=_watch, daemon=True,
                                args=([build_dir / f"{name}.rpt", build_dir / f"{name}.tim"], stop,
-                                     started))
+                                     started, stall))
     watcher.start()
     try:
-        result = subprocess.run(["sh", script.name], cwd=build_dir, env=env)
+        returncode = proc.wait()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        raise
     finally:
         stop.set()
     seconds = time.monotonic() - started
+    tim = build_dir / f"{name}.tim"
+    tim_text = tim.read_text(errors="replace") if tim.exists() else ""
+    if heatmap:
+        _congestion(build_dir)
+    if stalled:
+        progress = route_progress(tim_text) or stalled[0]
+        best_it, best = min(progress, key=lambda p: (p[1], p[0]))
+        parsed = {"resources": parse_log_utilisation(tim_text), "clocks": parse_log_fmax(tim_text)}
+        for c in parsed["clocks"].values():
+            c["estimated"] = True
+        summary = {"board": board.name, "device": board.device, "config": asdict(config),
+                   "core_hz": pll.core_hz, "seconds": round(seconds), **parsed,
+                   "routing": {"converged": False, "iterations": progress}, "bitstream": None}
+        _write_summary(build_dir, summary, summarize(board, config, parsed, seconds))
+        print(f"!! {board.name}: BUILD FAILED: routing does not converge: router2's overused "
+              f"wires fell to {best} at iteration {best_it} and went no lower in the "
+              f"{progress[-1][0] - best_it} iterations since ({progress[-1][1]} at "
+              f"{progress[-1][0]}); stopped (--patience {patience}). The design needs fewer or "
+              f"shorter wires (--heatmap says where); see {tim}", file=sys.stderr)
+        return 1, summary
     report_path = build_dir / "report.json"
-    if result.returncode or not report_path.exists():
+    if returncode or not report_path.exists():
         tail = ""
-        for log in (build_dir / f"{name}.tim", build_dir / f"{name}.rpt"):
+        for log in (tim, build_dir / f"{name}.rpt"):
             if log.exists():
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
                 break
-        print(f"!! {board.name}: the toolchain failed (exit {result.returncode}) after "
+        print(f"!! {board.name}: the toolchain failed (exit {returncode}) after "
               f"{seconds / 60:.1f} min; last log lines:\n{tail}", file=sys.stderr)
         if "no BELs remaining" in tail:
             print(f"!! {board.name}: the design does not fit the {board.device} (see the utilisation "
@@ -241,15 +344,13 @@ def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstre
     parsed = parse_report(json.loads(report_path.read_text()))
     if place_only:
         # report.json carries fmax only after routing; the log has the placement estimates
-        tim = build_dir / f"{name}.tim"
-        parsed["clocks"] = parse_log_fmax(tim.read_text(errors="replace") if tim.exists() else "")
+        parsed["clocks"] = parse_log_fmax(tim_text)
     summary = {"board": board.name, "device": board.device, "config": asdict(config),
                "core_hz": pll.core_hz, "seconds": round(seconds), **parsed,
                "bitstream": str(build_dir / f"{name}.bit") if bitstream else None}
-    (build_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    text = summarize(board, config, parsed, seconds)
-    (build_dir / "summary.txt").write_text(text + "\n")
-    print(text, flush=True)
+    if not place_only:
+        summary["routing"] = {"converged": True, "iterations": route_progress(tim_text)}
+    _write_summary(build_dir, summary, summarize(board, config, parsed, seconds))
     if place_only:
         from stellar.sim.sdfpaths import analyse
         rows, paths, found = analyse(build_dir, 1000.0 / (pll.core_hz / 1e6), n=30)
@@ -291,6 +392,11 @@ def main(argv=None):
                     help="nextpnr placer (default: static with the NIC core, heap for the shell)")
     ap.add_argument("--router", choices=("router1", "router2"),
                     help="nextpnr router (default: router2 with the NIC core, router1 for the shell)")
+    ap.add_argument("--patience", type=int, default=PATIENCE,
+                    help="stop routing after this many router2 iterations without a new lowest "
+                         "overuse (0: never)")
+    ap.add_argument("--heatmap", action="store_true",
+                    help="router2 congestion heatmaps, summarized in congestion.txt")
     ap.add_argument("--build-dir", default="build", help="parent of <board>/")
     ap.add_argument("--no-bitstream", action="store_true", help="stop after place-and-route")
     ap.add_argument("--program", action="store_true", help="load the bitstream with $OPENFPGALOADER")
@@ -308,7 +414,8 @@ def main(argv=None):
         config = replace(config, core=args.core)
     status, _ = build(board, config, Path(args.build_dir) / board.name, seed=args.seed,
                       router=args.router, placer=args.placer, bitstream=not args.no_bitstream,
-                      program=args.program, place_only=args.place_only)
+                      program=args.program, place_only=args.place_only, heatmap=args.heatmap,
+                      patience=args.patience)
     sys.exit(status)
 
 

@@ -383,3 +383,92 @@ Info: Max frequency for clock '$glbnet$phy.rx_ctl.eth_rx_clk': 99.11 MHz (FAIL a
             return "256 QPs"
     text = summarize(Board(), Config(), {"resources": {}, "clocks": clocks}, 60)
     assert "54.56 MHz  constraint  125.00 MHz  FAILED (estimated after placement)" in text
+
+
+# ---------------------------------------------------------------------------- routing watchdog
+
+# router2's lines as nextpnr-ecp5 0.11 prints them (the ECPIX-5 core, 2026-12-06, iterations
+# 6-14 without timing-driven routing: the lowest overuse at 10, rising from there)
+ROUTER2_LOG = """Info: Device utilisation:
+Info: \t              DP16KD:     202/    208    97%
+Info: \t          MULT18X18D:      42/    156    26%
+Info: \t          TRELLIS_FF:   42149/  83640    50%
+Info: \t        TRELLIS_COMB:   51999/  83640    62%
+Info: \t        TRELLIS_RAMW:     763/  10455     7%
+Info: Max frequency for clock '$glbnet$bank.clk': 53.36 MHz (FAIL at 125.00 MHz)
+Info: Running router2...
+Info:     iter=6 wires=1232545 overused=12765 overuse=12896 archfail=NA
+Info:     iter=7 wires=1239416 overused=10936 overuse=11041 archfail=NA
+Info:     iter=8 wires=1245419 overused=9629 overuse=9720 archfail=NA
+Info:     iter=9 wires=1250834 overused=9005 overuse=9074 archfail=NA
+Info:     iter=10 wires=1256201 overused=8761 overuse=8828 archfail=NA
+Info:     iter=11 wires=1261384 overused=8830 overuse=8898 archfail=NA
+Info:     iter=12 wires=1266477 overused=8965 overuse=9034 archfail=NA
+Info:     iter=13 wires=1270930 overused=9362 overuse=9431 archfail=NA
+Info:     iter=14 wires=1276062 overused=9946 overuse=10022 archfail=NA
+"""
+
+
+def test_route_progress_and_stall():
+    from stellar.hdl.boards.build import route_progress, route_stalled
+    progress = route_progress(ROUTER2_LOG)
+    assert progress[0] == (6, 12765) and progress[4] == (10, 8761) and len(progress) == 9
+    # lowest at iteration 10: four iterations since
+    assert route_stalled(progress, 4) and not route_stalled(progress, 5)
+    assert not route_stalled(progress, 0)                   # 0: never stop
+    assert not route_stalled(progress[:5], 1)               # a new low in the last iteration
+    # an equal count later is no new low
+    assert route_stalled([(1, 50), (2, 40), (3, 40), (4, 40)], 2)
+    assert not route_stalled([], 3) and not route_stalled([(1, 9)], 1)
+
+
+def test_parse_log_utilisation():
+    from stellar.hdl.boards.build import parse_log_utilisation
+    util = parse_log_utilisation(ROUTER2_LOG)
+    assert util["LUT4"] == (51999, 83640) and util["EBR"] == (202, 208)
+    assert util["FF"] == (42149, 83640) and util["DSP"] == (42, 156) and util["IO"] == (0, 0)
+
+
+def test_nextpnr_options_heatmap():
+    o = nextpnr_options(BOARDS["ecpix5"].config, heatmap=True).split()
+    assert o[o.index("--router2-heatmap") + 1] == "heat"
+    assert "--router2-heatmap" not in nextpnr_options(BOARDS["ecpix5"].config, heatmap=True,
+                                                      router="router1")
+
+
+def test_build_stops_a_route_that_does_not_converge(tmp_path, monkeypatch):
+    """The whole build() around stand-in tools: the 'nextpnr' writes router2 iterations whose
+    overuse stops falling and would then run for an hour; the build stops it after --patience
+    iterations without a new low, fails with exit 1 and says why in its summary."""
+    import sys as _sys
+
+    from stellar.hdl.boards import build as b
+    fake = tmp_path / "fake_nextpnr.py"
+    fake.write_text(f"""import sys, time
+log = sys.argv[sys.argv.index("--log") + 1]
+lines = {ROUTER2_LOG!r}.splitlines(keepends=True)
+with open(log, "w") as f:
+    for line in lines:
+        f.write(line); f.flush(); time.sleep(0.05)
+    time.sleep(3600)
+""")
+    (tmp_path / "nextpnr").write_text(f"#!/bin/sh\nexec {_sys.executable} {fake} \"$@\"\n")
+    (tmp_path / "yosys").write_text("#!/bin/sh\nexit 0\n")
+    for tool in ("nextpnr", "yosys"):
+        (tmp_path / tool).chmod(0o755)
+    monkeypatch.setenv("NEXTPNR_ECP5", str(tmp_path / "nextpnr"))
+    monkeypatch.setenv("YOSYS", str(tmp_path / "yosys"))
+    monkeypatch.setattr(b, "POLL_S", 0.2)
+    from dataclasses import replace
+    board = BOARDS["colorlight_5a75b"]
+    config = replace(board.config, core=False)
+    t0 = __import__("time").monotonic()
+    status, summary = b.build(board, config, tmp_path / "out", router="router2", patience=3)
+    assert __import__("time").monotonic() - t0 < 120
+    assert status == 1 and summary["routing"]["converged"] is False
+    # stopped once iteration 13 showed three without a new low (14 may be in the log by then)
+    assert summary["routing"]["iterations"][-1][0] in (13, 14)
+    assert min(it[1] for it in summary["routing"]["iterations"]) == 8761
+    assert summary["resources"]["LUT4"] == (51999, 83640)
+    assert summary["clocks"]["sync"]["estimated"] and summary["clocks"]["sync"]["fmax_mhz"] == 53.36
+    assert (tmp_path / "out" / "summary.json").exists()
