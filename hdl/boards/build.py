@@ -284,6 +284,10 @@ def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstre
     print(f"== {board.name}: PLL {platform.default_clk_frequency / 1e6:g} MHz -> eth 125 MHz, core "
           f"{pll.core_hz / 1e6:.2f} MHz (VCO {pll.vco_hz / 1e6:g} MHz); synthesis and "
           f"place-and-route in {build_dir} (logs {name}.rpt, {name}.tim)", flush=True)
+    # a log, report or heatmap left by an earlier build here would be read as this one's
+    for stale in [build_dir / f"{name}.tim", build_dir / "report.json",
+                  *build_dir.glob(f"{HEATMAP}_*.csv")]:
+        stale.unlink(missing_ok=True)
     stop = threading.Event()
     proc = subprocess.Popen(["sh", script.name], cwd=build_dir, env=env, start_new_session=True)
     stalled = []

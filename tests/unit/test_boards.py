@@ -453,7 +453,7 @@ with open(log, "w") as f:
     time.sleep(3600)
 """)
     (tmp_path / "nextpnr").write_text(f"#!/bin/sh\nexec {_sys.executable} {fake} \"$@\"\n")
-    (tmp_path / "yosys").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "yosys").write_text("#!/bin/sh\nsleep 1\n")     # the watcher looks meanwhile
     for tool in ("nextpnr", "yosys"):
         (tmp_path / tool).chmod(0o755)
     monkeypatch.setenv("NEXTPNR_ECP5", str(tmp_path / "nextpnr"))
@@ -462,8 +462,16 @@ with open(log, "w") as f:
     from dataclasses import replace
     board = BOARDS["colorlight_5a75b"]
     config = replace(board.config, core=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    # an earlier build's log, already stalled for 4 iterations: not this build's
+    (out / f"stellar_{board.name}.tim").write_text("".join(
+        f"Info:     iter={i} wires=9 overused={o} overuse={o} archfail=NA\n"
+        for i, o in ((1, 900), (2, 500), (3, 600), (4, 600), (5, 600), (6, 700))))
+    (out / "heat_congestion_by_net_3.csv").write_text("nic.x,1\n")
     t0 = __import__("time").monotonic()
-    status, summary = b.build(board, config, tmp_path / "out", router="router2", patience=3)
+    status, summary = b.build(board, config, out, router="router2", patience=3)
+    assert not (out / "heat_congestion_by_net_3.csv").exists()
     assert __import__("time").monotonic() - t0 < 120
     assert status == 1 and summary["routing"]["converged"] is False
     # stopped once iteration 13 showed three without a new low (14 may be in the log by then)
