@@ -35,6 +35,7 @@ def test_colorlight_bitstream():
     assert bit.exists() and bit.stat().st_size > 100_000, "no bitstream"
     report = parse_report(json.loads((out / "report.json").read_text()))
     assert summary["resources"] == report["resources"]
+    assert summary["routing"]["converged"]
     for col in ("LUT4", "FF", "EBR"):
         used, available = report["resources"][col]
         assert 0 < used <= available, (col, used, available)
