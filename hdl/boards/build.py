@@ -203,10 +203,10 @@ def _watch(paths, stop, started, stall=None):
 def default_placer(config):
     """nextpnr's placer, unless given: ``static`` (its electrostatic placer) for builds with the
     NIC core, ``heap`` (nextpnr's default, HeAP + simulated annealing) for the shell. On the
-    ECPIX-5 core (2026-12-06, the same netlist, seed 1) HeAP placed with 708k of wire and left
-    router2 at 95k / 64k overused wires after two iterations; the static placer placed with
-    540k and router2 went 83k / 52k / 34k / 26k / 21k / 18k / 18k / 18k over eight. The shell
-    meets 125 MHz with HeAP on the 25F, so it keeps it."""
+    ECPIX-5 core (2026-12-06, the same netlist, seed 1) HeAP placed with 708k of wire and router2
+    got down to 43k overused wires at best; the static placer placed with 526k and router2 went
+    83k / 52k / 34k / 26k / 21k / 18k / 18k / 17.5k over eight iterations (neither converged;
+    README, Bitstreams). The shell meets 125 MHz with HeAP on the 25F, so it keeps it."""
     return "static" if config.core else "heap"
 
 
