@@ -206,7 +206,9 @@ def default_placer(config):
     ECPIX-5 core (2026-12-06, the same netlist, seed 1) HeAP placed with 708k of wire and router2
     got down to 43k overused wires at best; the static placer placed with 526k and router2 went
     83k / 52k / 34k / 26k / 21k / 18k / 18k / 17.5k over eight iterations (neither converged;
-    README, Bitstreams). The shell meets 125 MHz with HeAP on the 25F, so it keeps it."""
+    README, Bitstreams). Over the netlists tried, HeAP's lowest were 38k-43k (three), the static
+    placer's 15.7k-17.5k (two): wider than the factor-of-two spread between placements. The
+    shell meets 125 MHz with HeAP on the 25F, so it keeps it."""
     return "static" if config.core else "heap"
 
 
