@@ -236,16 +236,15 @@ def _write_summary(build_dir, summary, text):
 
 
 def _congestion(build_dir):
-    """Summarize router2's last heatmaps into congestion.txt / .json (None without any)."""
+    """Summarize router2's last heatmaps into congestion.txt / .json (if it wrote any)."""
     from stellar.sim.congestion import iterations
     from stellar.sim.congestion import summarize as summarize_congestion
     if not iterations(build_dir, HEATMAP):
-        return None
+        return
     text, found = summarize_congestion(build_dir, HEATMAP)
     (build_dir / "congestion.txt").write_text(text + "\n")
     (build_dir / "congestion.json").write_text(json.dumps(found, indent=1) + "\n")
     print(text, flush=True)
-    return found
 
 
 def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstream=True,
@@ -313,6 +312,10 @@ def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstre
     finally:
         stop.set()
     seconds = time.monotonic() - started
+
+    def summary_of(parsed, **extra):
+        return {"board": board.name, "device": board.device, "config": asdict(config),
+                "core_hz": pll.core_hz, "seconds": round(seconds), **parsed, **extra}
     tim = build_dir / f"{name}.tim"
     tim_text = tim.read_text(errors="replace") if tim.exists() else ""
     if heatmap:
@@ -323,9 +326,8 @@ def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstre
         parsed = {"resources": parse_log_utilisation(tim_text), "clocks": parse_log_fmax(tim_text)}
         for c in parsed["clocks"].values():
             c["estimated"] = True
-        summary = {"board": board.name, "device": board.device, "config": asdict(config),
-                   "core_hz": pll.core_hz, "seconds": round(seconds), **parsed,
-                   "routing": {"converged": False, "iterations": progress}, "bitstream": None}
+        summary = summary_of(parsed, routing={"converged": False, "iterations": progress},
+                             bitstream=None)
         _write_summary(build_dir, summary, summarize(board, config, parsed, seconds))
         print(f"!! {board.name}: BUILD FAILED: routing does not converge: router2's overused "
               f"wires fell to {best} at iteration {best_it} and went no lower in the "
@@ -351,9 +353,7 @@ def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstre
     if place_only:
         # report.json carries fmax only after routing; the log has the placement estimates
         parsed["clocks"] = parse_log_fmax(tim_text)
-    summary = {"board": board.name, "device": board.device, "config": asdict(config),
-               "core_hz": pll.core_hz, "seconds": round(seconds), **parsed,
-               "bitstream": str(build_dir / f"{name}.bit") if bitstream else None}
+    summary = summary_of(parsed, bitstream=str(build_dir / f"{name}.bit") if bitstream else None)
     if not place_only:
         summary["routing"] = {"converged": True, "iterations": route_progress(tim_text)}
     _write_summary(build_dir, summary, summarize(board, config, parsed, seconds))
