@@ -71,18 +71,20 @@ class AxiLiteCsrBank(wiring.Component):
         ``<block>.<name>``      In(width)  for each ``ro`` register: the value reads return;
         ``<block>.<name>_inc``  In(1)      for each ``counter``: +1 in every clock it is high;
         ``<block>.<name>``      Out(width) for each ``rw`` register: the value last written
-                                           (reset to ``init``), updated the clock after the
-                                           write is accepted.
+                                           (reset to ``init``), updated in the clock the
+                                           write's B response is first offered.
         ``<block>.<name>``      Out(width) for each ``command``: the value last written
         ``<block>.<name>_stb``  Out(1)     ... high for one clock when it is written (the clock
-                                           after the write is accepted, with the new value).
+                                           B is first offered, with the new value).
         The ``ident`` block exposes ``ident.scratch`` (unused by gateware).
 
     Bus behaviour
     -------------
     * AW and W are accepted independently, in either order or together, into one-entry
       holding registers (``awready``/``wready`` are low while their entry is full); the write
-      is performed once both are present and the B channel is free, and answered on B.
+      is taken once both are present and the B channel is free, reaches the registers through
+      a registered copy per ``BLOCK_SIZE`` group of the map (2 clocks later) and is answered on
+      B in the clock the registers change.
     * One read at a time: ``arready`` is high while no read is pending; the address is taken
       at the AR handshake, the registers are sampled in the clock after it (into one word per
       ``BLOCK_SIZE`` group of the map), the addressed group's word is selected a clock later
@@ -101,7 +103,7 @@ class AxiLiteCsrBank(wiring.Component):
       They read as 0.
     * Counter latency: an ``_inc`` pulse shows in reads 2 clocks later (increment registered,
       then added; a read returns the value of the clock after its AR handshake); a clear takes
-      effect 2 clocks after the write is accepted, i.e. in the clock the B response is first
+      effect 3 clocks after the write is taken, i.e. in the clock the B response is first
       offered is still the old value, from the next clock on the cleared one (a read issued
       after the B handshake always sees it).
     * Throughput: a write every 2 clocks, a read every 4 clocks, both channels concurrently.
@@ -159,52 +161,81 @@ class AxiLiteCsrBank(wiring.Component):
         with m.If(bus.wvalid & bus.wready):
             m.d.sync += [w_full.eq(1), w_data.eq(bus.wdata), w_strb.eq(bus.wstrb)]
 
-        # The response slot is free if empty or being emptied this clock.
+        # Timing: the write is performed in two steps, so that no wire crosses the die to every
+        # writable register. (1) When both entries are full, each group of the map (its
+        # BLOCK_SIZE window, one block) takes its own registered copy of the word address
+        # inside the group, the data and the strobes, loaded only by a write to that group (the
+        # copies have different enables, so Yosys does not merge them); (2) a clock later the
+        # group's registers are written from its copy. The copies sit next to the registers they
+        # serve, so between the bus and a group run only its copy's 43 inputs; before, the one
+        # write-data register fed every writable register of the core (about 2,400 flip-flops
+        # in every block), and in the ECPIX-5 routing its nets were among the most overused
+        # (README, board notes). B is answered in the clock after the copy, the clock the
+        # registers change in, so a read issued after the B handshake sees the write.
+        wpend = Signal()        # step 2 in this clock
+        # The response slot is free if empty or being emptied this clock; a write in step 2
+        # takes it in the next clock.
         do_write = Signal()
-        m.d.comb += do_write.eq(aw_full & w_full & (~bus.bvalid | bus.bready))
+        m.d.comb += do_write.eq(aw_full & w_full & ~wpend & (~bus.bvalid | bus.bready))
+        m.d.sync += wpend.eq(do_write)
 
         w_resp = Signal(Resp)
         m.d.comb += w_resp.eq(Resp.SLVERR)
+        group_bits = (BLOCK_SIZE - 1).bit_length()       # byte-address bits inside a group
+        groups = {}
         for block in self._regmap.blocks:
             for r in block.registers:
+                groups.setdefault((block.base + r.offset) >> group_bits, []).append((block, r))
                 if r.access == "command":
                     # A one-clock pulse: set again below in the clock after a write.
                     m.d.sync += getattr(getattr(self, block.name), f"{r.name}_stb").eq(0)
         with m.Switch(aw_addr[word]):
             for block in self._regmap.blocks:
                 for r in block.registers:
-                    if r.access == "rw":
+                    if r.access in ("rw", "command", "clear"):
                         with m.Case((block.base + r.offset) >> 2):
                             m.d.comb += w_resp.eq(Resp.OKAY)
-                            port = getattr(getattr(self, block.name), r.name)
-                            with m.If(do_write):
-                                m.d.sync += port.eq(self._merge_lanes(port, w_data, w_strb))
+        resp_r = Signal(Resp)
+        with m.If(do_write):
+            m.d.sync += resp_r.eq(w_resp)
+        for g, regs in sorted(groups.items()):
+            g_we = Signal(name=f"wr_group{g:x}_we")
+            g_addr = Signal(group_bits - 2, name=f"wr_group{g:x}_addr")
+            g_data = Signal(32, name=f"wr_group{g:x}_data")
+            g_strb = Signal(4, name=f"wr_group{g:x}_strb")
+            g_hit = Signal()
+            m.d.comb += g_hit.eq(aw_addr[group_bits:] == g)
+            m.d.sync += g_we.eq(do_write & g_hit)
+            with m.If(do_write & g_hit):
+                m.d.sync += [g_addr.eq(aw_addr[2:group_bits]), g_data.eq(w_data),
+                             g_strb.eq(w_strb)]
+            with m.Switch(g_addr):
+                for block, r in regs:
+                    if r.access not in ("rw", "command", "clear"):
+                        continue
+                    case = m.Case(((block.base + r.offset) & (BLOCK_SIZE - 1)) >> 2)
+                    if r.access == "rw":
+                        port = getattr(getattr(self, block.name), r.name)
+                        with case, m.If(g_we):
+                            m.d.sync += port.eq(self._merge_lanes(port, g_data, g_strb))
                     elif r.access == "command":
                         port = getattr(getattr(self, block.name), r.name)
                         stb = getattr(getattr(self, block.name), f"{r.name}_stb")
-                        with m.Case((block.base + r.offset) >> 2):
-                            m.d.comb += w_resp.eq(Resp.OKAY)
-                            with m.If(do_write):
-                                m.d.sync += [
-                                    port.eq(self._merge_lanes(Const(0, r.width), w_data, w_strb)),
-                                    stb.eq(1),
-                                ]
-                    elif r.access == "clear":
-                        with m.Case((block.base + r.offset) >> 2):
-                            m.d.comb += [
-                                w_resp.eq(Resp.OKAY),
-                                clears[block.name].eq(do_write & w_strb[0] & w_data[0]),
+                        with case, m.If(g_we):
+                            m.d.sync += [
+                                port.eq(self._merge_lanes(Const(0, r.width), g_data, g_strb)),
+                                stb.eq(1),
                             ]
+                    elif r.access == "clear":
+                        with case:
+                            m.d.comb += clears[block.name].eq(g_we & g_strb[0] & g_data[0])
 
         with m.If(bus.bvalid & bus.bready):
             m.d.sync += bus.bvalid.eq(0)
-        with m.If(do_write):  # after the line above: a new response replaces the one just taken
-            m.d.sync += [
-                aw_full.eq(0),
-                w_full.eq(0),
-                bus.bvalid.eq(1),
-                bus.bresp.eq(w_resp),
-            ]
+        with m.If(do_write):
+            m.d.sync += [aw_full.eq(0), w_full.eq(0)]
+        with m.If(wpend):  # after the line above: a new response replaces the one just taken
+            m.d.sync += [bus.bvalid.eq(1), bus.bresp.eq(resp_r)]
 
         # --- counters --------------------------------------------------------------------
         # Timing: the increment and the clear are registered first, and the clear selects
@@ -256,11 +287,6 @@ class AxiLiteCsrBank(wiring.Component):
         with m.If(sel_full):
             m.d.sync += [bus.rvalid.eq(1), sel_full.eq(0)]
 
-        group_bits = (BLOCK_SIZE - 1).bit_length()       # byte-address bits inside a group
-        groups = {}
-        for block in self._regmap.blocks:
-            for r in block.registers:
-                groups.setdefault((block.base + r.offset) >> group_bits, []).append((block, r))
         words, hits = [], []
         for g, regs in sorted(groups.items()):
             # The copy is 0 unless the read is for this group, so the copies differ and Yosys
