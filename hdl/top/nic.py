@@ -47,7 +47,9 @@ from ..flow.rxflow import CORE_RECORD_FIELDS, CORE_WB_FIELDS, RxFlowPipeline
 from ..hostif.axi_arbiter import Axi4Arbiter
 from ..hostif.queues import HostQueues, connect_queue_dma, queue_dma
 from ..net.deparser import Deparser
+from ..net.layout import beat_layout
 from ..regmap import REGMAP
+from ..skid import SkidBuffer
 from ..transport.engine import RcTransport
 from ..transport.formats import CNP_OPCODE, COMPLETION, RECV_REQUEST, WORK_REQUEST
 from ..transport.txbuild import PayloadSrc, TxBuilder, tx_desc_layout
@@ -132,8 +134,18 @@ class NicCore(wiring.Component):
         wiring.connect(m, tp.csr, csr.transport)
         wiring.connect(m, cc.csr, csr.cc)
 
+        # Register slices where a stream enters and leaves the core and between the builder's
+        # payload multiplexer and the deparser: the far ends (the MAC's FIFOs, the DMA's read
+        # data) and the near ones then meet only through flip-flops on both sides, so the
+        # handshakes that enable whole pipeline stages (the deparser's emit stage, the parser's
+        # input) start at a register next to them, not at the far block's decision.
+        m.submodules.rx_reg = rx_reg = SkidBuffer(beat_layout(W))
+        m.submodules.tx_reg = tx_reg = SkidBuffer(beat_layout(W))
+        m.submodules.payload_reg = payload_reg = SkidBuffer(beat_layout(W))
+
         # receive: wire -> pipeline -> transport
-        m.d.comb += axis_to_stream(self.s_axis_rx, pipe.i)
+        m.d.comb += axis_to_stream(self.s_axis_rx, rx_reg.i)
+        wiring.connect(m, rx_reg.o, pipe.i)
         wiring.connect(m, pipe.o_meta, tp.rx_meta)
         wiring.connect(m, pipe.o, tp.rx)
         wiring.connect(m, tp.wb, pipe.wb)
@@ -167,8 +179,10 @@ class NicCore(wiring.Component):
         m.d.comb += [tp.txc_addr.eq(tb.ctx_addr), tp.txc_en.eq(tb.ctx_en),
                      tb.ctx_data.eq(tp.txc_data), tb.gid.eq(tp.gid)]
         wiring.connect(m, tb.o_meta, dep.i_meta)
-        wiring.connect(m, tb.o, dep.i)
-        m.d.comb += stream_to_axis(dep.o, self.m_axis_tx)
+        wiring.connect(m, tb.o, payload_reg.i)
+        wiring.connect(m, payload_reg.o, dep.i)
+        wiring.connect(m, dep.o, tx_reg.i)
+        m.d.comb += stream_to_axis(tx_reg.o, self.m_axis_tx)
         m.d.comb += pipe.tx_frame.eq(self.m_axis_tx.tvalid & self.m_axis_tx.tready
                                      & self.m_axis_tx.tlast)
 

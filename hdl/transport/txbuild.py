@@ -44,6 +44,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..flow.layouts import qp_context_layout
+from ..net.deparser import MIN_FRAME
 from ..net.layout import beat_layout, record_layout
 from ..regmap import GIDS
 from .formats import CNP_OPCODE, INLINE_MAX
@@ -133,9 +134,16 @@ class TxBuilder(wiring.Component):
         push = Signal()
         m.d.comb += push.eq(s1_valid & room)
         take = Signal()
+        # With frames of two beats or more (64-bit data) a descriptor every other clock is
+        # more than the wire takes, so ``desc.ready`` is S1's own flip-flop, not S1's release
+        # through the queues' room: the producer's (the transport's) queue read and S1's load
+        # enable then start at flip-flops. At 512 bits a frame can be one beat: ready passes S1
+        # on, for a descriptor per clock.
+        registered_ready = -(-MIN_FRAME // (self.data_width // 8)) >= 2
+        ready = ~s1_valid if registered_ready else ~s1_valid | push
         m.d.comb += [
-            take.eq(self.desc.valid & (~s1_valid | push)),
-            self.desc.ready.eq(~s1_valid | push),
+            take.eq(self.desc.valid & ready),
+            self.desc.ready.eq(ready),
             self.ctx_addr.eq(self.desc.payload.qp),
             self.ctx_en.eq(take),
         ]
