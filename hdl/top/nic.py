@@ -22,6 +22,9 @@ data, the host memory); ``s_axil_*`` (AXI4-Lite CSR, 16-bit addresses); ``s_axis
 (completions, 192-bit beats: ``COMPLETION``). ``stellar_nic2`` has the same ports twice, prefixed
 ``a_`` and ``b_``.
 
+The receive and transmit beats pass a register slice (``SkidBuffer``) at the core's ports, and
+the builder's payload one on its way to the deparser (a clock of latency each).
+
 The work-request, receive-request and completion streams stand for the host queues until the
 host interface (DMA-fetched rings, doorbells) exists; tests drive them directly.
 
