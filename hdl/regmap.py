@@ -509,7 +509,9 @@ def qpctx_block(name="qpctx", base=0x0300):
                  "stellar.hdl.flow.fields.QP_CONTEXT). Host access is serialized with packet "
                  "traffic: a masked write never loses an update the transport made. Read: write "
                  "index, command = 1, poll status.busy, read rdata*. Write: fill wdata*, write index "
-                 "and mask (bit i = field i of QP_CONTEXT), command = 2.", [
+                 "and mask (bit i = field i of QP_CONTEXT), command = 2. wdata* is read while the "
+                 "command runs (not copied when it is written): change it only while status.busy "
+                 "is 0.", [
         Register("config", 0x00, 32, "ro", "Build configuration: bits 4:0 log2(QPs), 15:8 context "
                  "words, 23:16 context fields (mask bits)."),
         Register("index", 0x04, 16, "rw", "QP index of the next command."),
@@ -539,7 +541,8 @@ def mr_block(name="mr", base=0x0400):
                  "regions. Every RETH/AtomicETH access of a received packet is checked before any "
                  "DMA. Write an entry: fill wdata*, write index, command = 1; read: command = 0 and "
                  "read rdata*; page table: command 3 writes wdata1:wdata0 as page index's bus "
-                 "address, 2 reads it. Poll status.busy between commands.", [
+                 "address, 2 reads it. Poll status.busy between commands; wdata* is read while the "
+                 "command runs: change it only while status.busy is 0.", [
         Register("config", 0x00, 32, "ro", "Build configuration: bits 7:0 log2(MR entries), 15:8 "
                  "log2(page-table entries), 23:16 entry words."),
         _clear(),

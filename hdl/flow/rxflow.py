@@ -628,8 +628,16 @@ class RxFlowPipeline(wiring.Component):
         start, busy, error = self._command_slot(m, c.command_stb, known, slot, done)
         host = slot.payload
         ss = self.set_state
+        # The context comes from the CSR window itself, not from a copy taken with the command:
+        # the host leaves wdata* alone while status.busy (regmap), and the store takes it the
+        # clock it accepts the operation (into its own h_ctx). A copy here was 475 more
+        # flip-flops behind one load enable, which the ECPIX-5 routing found among its most
+        # overused nets (README, board notes).
+        window = self._window(c, "wdata", words)[:QP_CONTEXT.width]
         with m.If(slot.valid):
-            m.d.comb += [store.host.valid.eq(1), store.host.payload.eq(slot.payload),
+            m.d.comb += [store.host.valid.eq(1), store.host.payload.op.eq(host.op),
+                         store.host.payload.index.eq(host.index),
+                         store.host.payload.mask.eq(host.mask), store.host.payload.ctx.eq(window),
                          slot.ready.eq(store.host.ready)]
         with m.Else():
             m.d.comb += [store.host.valid.eq(ss.valid),
@@ -651,7 +659,6 @@ class RxFlowPipeline(wiring.Component):
                 host.op.eq(Mux(c.command == 2, QpHostOp.WRITE, QpHostOp.READ)),
                 host.index.eq(c.index),
                 host.mask.eq(c.mask),
-                host.ctx.eq(self._window(c, "wdata", words)[:QP_CONTEXT.width]),
             ]
         rdata = Signal(32 * words)
         written = Signal(qp_context_layout())
@@ -695,8 +702,10 @@ class RxFlowPipeline(wiring.Component):
             m.d.sync += [
                 slot.payload.op.eq(c.command),
                 slot.payload.index.eq(c.index),
-                slot.payload.data.eq(self._window(c, "wdata", words)[:MR_ENTRY.width]),
             ]
+        # The entry comes from the CSR window itself (the host leaves wdata* alone while
+        # status.busy; the table writes it the clock it takes the command), as in _qpctx_csr.
+        window = self._window(c, "wdata", words)[:MR_ENTRY.width]
         inv = self.mr_invalidate
         entry = Signal(struct_layout(MR_ENTRY))
         m.d.comb += entry.eq(mr.resp.payload.data)
@@ -704,8 +713,9 @@ class RxFlowPipeline(wiring.Component):
         with m.FSM(name="mr_inv"):
             with m.State("IDLE"):
                 with m.If(slot.valid):
-                    m.d.comb += [mr.cmd.valid.eq(1), mr.cmd.payload.eq(slot.payload),
-                                 slot.ready.eq(mr.cmd.ready)]
+                    m.d.comb += [mr.cmd.valid.eq(1), mr.cmd.payload.op.eq(slot.payload.op),
+                                 mr.cmd.payload.index.eq(slot.payload.index),
+                                 mr.cmd.payload.data.eq(window), slot.ready.eq(mr.cmd.ready)]
                     with m.If(mr.cmd.ready):
                         m.d.sync += csr_op.eq(1)
                 with m.Elif(inv.valid & ~busy):

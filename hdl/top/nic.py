@@ -23,7 +23,8 @@ data, the host memory); ``s_axil_*`` (AXI4-Lite CSR, 16-bit addresses); ``s_axis
 ``a_`` and ``b_``.
 
 The receive and transmit beats pass a register slice (``SkidBuffer``) at the core's ports, and
-the builder's payload one on its way to the deparser (a clock of latency each).
+the builder's payload one on its way to the deparser (a clock of latency each); so do the
+transport's QP state changes and MR invalidations on their way to the pipeline.
 
 The work-request, receive-request and completion streams stand for the host queues until the
 host interface (DMA-fetched rings, doorbells) exists; tests drive them directly.
@@ -156,8 +157,16 @@ class NicCore(wiring.Component):
                      tp.ctx_written.payload.eq(pipe.ctx_written.payload),
                      cc.ctx_written.valid.eq(pipe.ctx_written.valid),
                      cc.ctx_written.payload.eq(pipe.ctx_written.payload)]
-        wiring.connect(m, tp.set_state, pipe.set_state)
-        wiring.connect(m, tp.mr_invalidate, pipe.mr_invalidate)
+        # The transport's state changes and MR invalidations reach the pipeline's host ports
+        # (the QP context store's and the MR table's) through a register slice each: the store
+        # takes a host operation with one load enable on ~500 flip-flops, which then starts at
+        # a register next to them rather than at the transport's error queue.
+        m.submodules.set_state_reg = set_state_reg = SkidBuffer(tp.set_state.payload.shape())
+        m.submodules.mr_inv_reg = mr_inv_reg = SkidBuffer(tp.mr_invalidate.payload.shape())
+        wiring.connect(m, tp.set_state, set_state_reg.i)
+        wiring.connect(m, set_state_reg.o, pipe.set_state)
+        wiring.connect(m, tp.mr_invalidate, mr_inv_reg.i)
+        wiring.connect(m, mr_inv_reg.o, pipe.mr_invalidate)
         m.d.comb += pipe.dropped.ready.eq(1)     # dropped frames are counted by the pipeline
 
         # congestion control: taps of what the transport takes and sends; it schedules the QPs
