@@ -488,10 +488,18 @@ async def backpressure(dut):
 
     async def stall():
         # Stalls while the first half of the burst goes through; the rest drains at wire rate
-        # behind the lateness the stalls left.
+        # behind the lateness the stalls left. Random stalls alone can leave no frame late
+        # (seed 1740910991: 207 stalled edges, none past a departure), so after the third frame
+        # the receiver also stalls for 64 clocks in a row, longer than the frames behind it
+        # take on the wire.
+        solid = 0
         while len(tb.mon_rx["b"].frames) < 20:
             await RisingEdge(dut.clk)
-            dut.b_rx_stall.value = int(stall_rng.random() < 0.3)
+            if len(tb.mon_rx["b"].frames) == 3 and solid < 64:
+                solid += 1
+                dut.b_rx_stall.value = 1
+            else:
+                dut.b_rx_stall.value = int(stall_rng.random() < 0.3)
         dut.b_rx_stall.value = 0
 
     cocotb.start_soon(stall())
