@@ -621,7 +621,9 @@ class RxFlowPipeline(wiring.Component):
         # The store's host port serves two masters: the CSR command slot, and the transport's
         # state changes (a QP moved to ERROR), as a masked write of the state field. The CSR
         # slot has priority; the owner of the operation in flight routes its answer.
-        slot = stream.Signature(store.host.payload.shape()).create()
+        hp = store.host.payload.shape()
+        slot = stream.Signature(data.StructLayout({
+            "op": hp["op"].shape, "index": hp["index"].shape, "mask": hp["mask"].shape})).create()
         csr_op = Signal()           # the operation in flight is the CSR's
         done = Signal()
         m.d.comb += done.eq(store.host_resp.valid & csr_op)
@@ -693,7 +695,9 @@ class RxFlowPipeline(wiring.Component):
         # the entry the rkey names, done only if the key's tag, tenant and PD match (a stale or
         # foreign key invalidates nothing). An invalidation, once started, finishes before the
         # CSR slot gets the port again.
-        slot = stream.Signature(mr.cmd.payload.shape()).create()
+        cp = mr.cmd.payload.shape()
+        slot = stream.Signature(data.StructLayout({
+            "op": cp["op"].shape, "index": cp["index"].shape})).create()
         csr_op = Signal()
         done = Signal()
         m.d.comb += done.eq(mr.resp.valid & csr_op)
