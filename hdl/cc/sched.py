@@ -158,6 +158,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from ..fanout import on_global
 from .units import RATE_BITS, RATE_UNLIMITED, SAT_BITS, SCALE_BITS, STAMP_FRAC, STAMP_INT, TOKEN_BITS
 
 __all__ = ["TxScheduler", "qp_layout", "sent_layout", "rate_layout", "attr_layout",
@@ -350,7 +351,10 @@ class TxScheduler(wiring.Component):
         # Every stage register moves with ``adv`` (the decision stage is not stalled); every
         # memory output is registered before it is used; each stage holds at most one carry
         # chain or one multiplier tile.
-        adv = Signal()                  # the pipeline from p3 on moves (d is not stalled)
+        # the pipeline from p3 on moves (d is not stalled): the decision below, on a global
+        # net (it loads some 1,660 flip-flops of the probe stages; ``stellar.hdl.fanout``)
+        adv_d = Signal()
+        adv = on_global(m, "adv_net", adv_d)
         adv_up = Signal()               # SELECT, p1, p2 move (adv, no QP injected at p3)
         # ``ef``: when the held QP is pushed back, nothing is in or on its way to the ring it
         # was taken from (p1, p2, a push, a write): landing there, it would have been first.
@@ -553,7 +557,7 @@ class TxScheduler(wiring.Component):
         out_free = ~out_v & (since >= 2)
         place = Signal()
         m.d.comb += [
-            adv.eq(~(act_out & ~out_free) & ~(needs_wr & pp3.v)),
+            adv_d.eq(~(act_out & ~out_free) & ~(needs_wr & pp3.v)),
             place.eq(act_out & out_free),
             self.stall_pacer.eq(act_rot & ~d.ok & adv),
             self.stall_tenant.eq(act_rot & d.ok & ~d.cap_ok & adv),

@@ -86,6 +86,7 @@ from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from ..fanout import on_global
 from .fields import QP_CONTEXT
 from .layouts import qp_context_layout
 
@@ -264,9 +265,15 @@ class QpContextStore(wiring.Component):
                 s1.host.eq(host_take),
             ]
         with m.If(host_take):
+            m.d.sync += host_busy.eq(1)
+        # The host registers follow the host port while no host operation is in the pipeline
+        # and hold from the edge that takes one (host.ready needs ~host_busy) until it is done;
+        # nothing reads them before. So their ~500 flip-flops load on a flip-flop (~host_busy),
+        # carried on a global net (``stellar.hdl.fanout``), not on the take decision.
+        h_load = on_global(m, "h_load_net", ~host_busy)
+        with m.If(h_load):
             is_write = self.host.payload.op == QpHostOp.WRITE
             m.d.sync += [
-                host_busy.eq(1),
                 h_write.eq(is_write),
                 h_ctx.eq(self.host.payload.ctx),
                 h_mask.eq(Mux(is_write, self.host.payload.mask, 0)),

@@ -51,6 +51,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..fanout import on_global
 from . import headers as H
 from .crc import crc_step, materialize
 from .icrc import icrc_delayed_word
@@ -401,7 +402,10 @@ class Deparser(wiring.Component):
         sb_valid = Signal()
         sb_raw = Signal(21)
         sb = Signal(FrameLayout)
-        sb_pop = Signal()
+        # B's release loads the emit stage's ~700 header flip-flops: on a global net
+        # (``stellar.hdl.fanout``)
+        sb_pop_d = Signal()
+        sb_pop = on_global(m, "sb_pop_net", sb_pop_d)
         s1_valid = Signal()
         s1_front = Signal(self.nf * B * 8)
         s1_l4 = Signal(self.nl * B * 8)
@@ -424,7 +428,7 @@ class Deparser(wiring.Component):
                 sa_pop.eq(sa_valid & (~sb_valid | sb_pop)),
             ]
             free_a = sa_pop
-        m.d.comb += sb_pop.eq(sb_valid & (~s1_valid | s1_pop))
+        m.d.comb += sb_pop_d.eq(sb_valid & (~s1_valid | s1_pop))
         with m.If(self.i_meta.valid & self.i_meta.ready):
             m.d.sync += [sa_valid.eq(1), sa_r.eq(self.i_meta.payload), sa_p.eq(prep_c),
                          sa_front.eq(front_c), sa_l4.eq(l4_c)]
