@@ -29,7 +29,7 @@ def block_signature(block):
 
     ``ro`` (not ``const``) -> ``Out(width)`` named like the register (the block drives it);
     ``counter`` -> ``Out(1)`` named ``<name>_inc`` (high for one clock per event);
-    ``rw`` -> ``In(width, init=init)`` named like the register (the block obeys it).
+    ``rw``, ``wo`` -> ``In(width, init=init)`` named like the register (the block obeys it).
     ``command`` -> ``In(width)`` named like the register (the value last written) and ``In(1)``
     named ``<name>_stb`` (high for the one clock in which that value is new).
     ``const`` and ``clear`` registers live entirely in the bank and have no port.
@@ -42,7 +42,7 @@ def block_signature(block):
     for r in block.registers:
         if r.access == "ro" and not r.const:
             members[r.name] = Out(r.width)
-        elif r.access == "rw":
+        elif r.access in ("rw", "wo"):
             members[r.name] = In(r.width, init=r.init)
         elif r.access == "counter":
             members[f"{r.name}_inc"] = Out(1)
@@ -70,7 +70,7 @@ class AxiLiteCsrBank(wiring.Component):
     <block> : In(block_signature(block)), one per block that has ports, e.g. ``pktengine``:
         ``<block>.<name>``      In(width)  for each ``ro`` register: the value reads return;
         ``<block>.<name>_inc``  In(1)      for each ``counter``: +1 in every clock it is high;
-        ``<block>.<name>``      Out(width) for each ``rw`` register: the value last written
+        ``<block>.<name>``      Out(width) for each ``rw`` / ``wo`` register: the value last written
                                            (reset to ``init``), updated in the clock the
                                            write's B response is first offered.
         ``<block>.<name>``      Out(width) for each ``command``: the value last written
@@ -96,6 +96,7 @@ class AxiLiteCsrBank(wiring.Component):
       (``ro``, ``counter``) -- such writes change nothing. SLVERR rather than OKAY so a driver bug
       shows up as a bus error (a PCIe adapter turns it into an unsuccessful completion).
     * ``rw`` registers honour ``wstrb`` byte lanes; bits beyond the register width read 0.
+      ``wo`` registers are written like ``rw`` and read 0 (not in the read multiplexer).
     * ``command`` registers: every accepted write presents its value (lanes not strobed read
       as 0) with a one-clock ``_stb`` pulse; reads return 0.
     * ``clear`` registers: a write with ``wstrb[0]`` and ``wdata[0]`` set zeroes every counter
@@ -192,7 +193,7 @@ class AxiLiteCsrBank(wiring.Component):
         with m.Switch(aw_addr[word]):
             for block in self._regmap.blocks:
                 for r in block.registers:
-                    if r.access in ("rw", "command", "clear"):
+                    if r.access in ("rw", "wo", "command", "clear"):
                         with m.Case((block.base + r.offset) >> 2):
                             m.d.comb += w_resp.eq(Resp.OKAY)
         resp_r = Signal(Resp)
@@ -211,10 +212,10 @@ class AxiLiteCsrBank(wiring.Component):
                              g_strb.eq(w_strb)]
             with m.Switch(g_addr):
                 for block, r in regs:
-                    if r.access not in ("rw", "command", "clear"):
+                    if r.access not in ("rw", "wo", "command", "clear"):
                         continue
                     case = m.Case(((block.base + r.offset) & (BLOCK_SIZE - 1)) >> 2)
-                    if r.access == "rw":
+                    if r.access in ("rw", "wo"):
                         port = getattr(getattr(self, block.name), r.name)
                         with case, m.If(g_we):
                             m.d.sync += port.eq(self._merge_lanes(port, g_data, g_strb))
@@ -321,7 +322,7 @@ class AxiLiteCsrBank(wiring.Component):
     def _read_value(self, block, r, counters):
         if r.access == "counter":
             return counters[block.name, r.name]
-        if r.access in ("clear", "command"):
+        if r.access in ("clear", "command", "wo"):
             return Const(0, 32)
         if r.const:
             return Const(r.init, 32)

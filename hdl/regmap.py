@@ -45,6 +45,10 @@ Access kinds
              ``const`` is set (the bank drives it itself, no port); writes get SLVERR.
 ``rw``       host-written control, read back as written (an output port of the bank, reset to
              ``init``); byte strobes honoured.
+``wo``       host-written data, like ``rw`` (an output port of the bank holding the last write,
+             byte strobes honoured) but reads return 0: for operand windows the gateware reads
+             and the host never needs back (the table commands' ``wdata*``), which then take no
+             place in the bank's read multiplexer.
 ``counter``  32-bit read-only event counter incremented by gateware (the bank's input port
              ``<name>_inc`` adds 1 in every clock it is high), wrapping at 2**32; writes get
              SLVERR.
@@ -85,7 +89,7 @@ __all__ = [
     "BLOCKS", "REGMAP",
 ]
 
-ACCESS = ("ro", "rw", "counter", "clear", "command")
+ACCESS = ("ro", "rw", "wo", "counter", "clear", "command")
 
 MAGIC = 0x53544C52  # "STLR" in ASCII, most significant byte first
 VERSION = (0, 1, 0)  # gateware version reported by ident.version
@@ -521,7 +525,7 @@ def qpctx_block(name="qpctx", base=0x0300):
                  "2 to merge the masked fields of wdata* into it; ignored (status.error) while busy."),
         Register("status", 0x10, 2, "ro", "Bit 0 busy; bit 1 error: a command was written while busy "
                  "and ignored (cleared by the next accepted command)."),
-        *_data_window("wdata", 0x40, QP_CONTEXT.words, "rw", "Context write data"),
+        *_data_window("wdata", 0x40, QP_CONTEXT.words, "wo", "Context write data"),
         *_data_window("rdata", 0x80, QP_CONTEXT.words, "ro", "Context read data (last read or the "
                       "context as written)"),
     ], feature=FEATURE_QPCTX)
@@ -552,7 +556,7 @@ def mr_block(name="mr", base=0x0400):
                  "page (stellar.hdl.flow.mr.MrOp); ignored (status.error) while busy."),
         Register("status", 0x10, 2, "ro", "Bit 0 busy; bit 1 error: a command was written while busy "
                  "and ignored (cleared by the next accepted command)."),
-        *_data_window("wdata", 0x20, MR_ENTRY.words, "rw", "Entry (or page) write data"),
+        *_data_window("wdata", 0x20, MR_ENTRY.words, "wo", "Entry (or page) write data"),
         _counter("rx_mr_checks", 0x40, "Received RDMA WRITE/READ/atomic requests checked against the "
                  "MR table."),
         _counter("rx_drop_rkey", 0x44, "Requests dropped: R_Key invalid, stale (tag mismatch), or of "
@@ -865,7 +869,7 @@ def hostq_block(name="hostq", base=0x0900):
                  "while busy or out of range."),
         Register("status", 0x1C, 2, "ro", "Bit 0 busy; bit 1 error: the last command was "
                  "ignored (written while busy, unknown, or index out of range)."),
-        *_data_window("wdata", 0x20, HOSTQ_WORDS, "rw", "Table write data"),
+        *_data_window("wdata", 0x20, HOSTQ_WORDS, "wo", "Table write data"),
         _counter("sq_wqes", 0x40, "Send WQEs fetched from host memory."),
         _counter("rq_wqes", 0x44, "Receive WQEs fetched from host memory."),
         _counter("wqe_reads", 0x48, "DMA reads of WQEs (each fetches one or more)."),

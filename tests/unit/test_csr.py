@@ -630,3 +630,34 @@ def test_command_register_pulses_with_each_write():
     sim.add_process(watcher)
     sim.add_testbench(bench)
     sim.run()
+
+
+# --- wo registers -------------------------------------------------------------------------
+
+def test_wo_register_drives_its_port_and_reads_zero():
+    """A ``wo`` register is written like ``rw`` (byte lanes, the port holds the value) but a
+    read returns 0 with OKAY, and it is not in the read multiplexer's port list."""
+    regmap = RegisterMap([Block("test", 0x100, 1, "test block", [
+        Register("win", 0x00, 32, "wo", "operand word"),
+        Register("narrow", 0x04, 12, "wo", "narrow operand"),
+        Register("ctrl", 0x08, 32, "rw", "control"),
+    ], feature=0x7E)])
+    dut = AxiLiteCsrBank(regmap)
+
+    async def bench(ctx):
+        bus = AxiLiteMaster(dut.s_axil)
+        win, narrow = addr("test.win", regmap), addr("test.narrow", regmap)
+        assert await bus.write(ctx, win, 0xA5A55A5A) == Resp.OKAY
+        assert ctx.get(dut.test.win) == 0xA5A55A5A
+        assert await bus.read(ctx, win) == (0, Resp.OKAY)
+        assert await bus.write(ctx, win, 0x11223344, strb=0b0101) == Resp.OKAY
+        assert ctx.get(dut.test.win) == 0xA5225A44
+        assert await bus.write(ctx, narrow, 0xFFFFFFFF) == Resp.OKAY
+        assert ctx.get(dut.test.narrow) == 0xFFF
+        assert await bus.read(ctx, narrow) == (0, Resp.OKAY)
+        assert await bus.write(ctx, addr("test.ctrl", regmap), 7) == Resp.OKAY
+        assert await bus.read(ctx, addr("test.ctrl", regmap)) == (7, Resp.OKAY)
+        assert ctx.get(dut.test.win) == 0xA5225A44
+
+    simulate(dut, bench)
+

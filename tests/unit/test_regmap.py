@@ -140,7 +140,7 @@ def _reg(name="r", offset=0, width=32, access="rw", **kw):
     dict(offset=2),                              # misaligned
     dict(width=0),
     dict(width=33),
-    dict(access="wo"),
+    dict(access="wx"),                           # not an access kind
     dict(width=8, init=0x100),                   # init does not fit
     dict(access="counter", width=16),            # counters are 32 bits
     dict(access="clear", width=32),
