@@ -64,9 +64,16 @@ from .parser import (
     ones_complement_fold,
 )
 
-__all__ = ["Deparser"]
+__all__ = ["Deparser", "MIN_FRAME", "frames_span_two_beats"]
 
 MIN_FRAME = 60
+
+
+def frames_span_two_beats(data_width):
+    """Every frame (at least ``MIN_FRAME`` bytes before the FCS) lasts two beats or more of
+    ``data_width`` bits: a stage ahead of the emit stage may then take a record a clock after it
+    empties (its ``ready`` a flip-flop) without costing rate. True at 64 bits, not at 512."""
+    return -(-MIN_FRAME // (data_width // 8)) >= 2
 # The front: every byte before the UDP header (Ethernet + VLAN + IPv4 with 40 option bytes).
 FRONT_BYTES = max(UDP_OFFSETS)
 # The UDP header starts at 2 mod 4 (14 or 18 + a multiple of 4) and every header after it is a
@@ -386,7 +393,7 @@ class Deparser(wiring.Component):
         beat = beat_layout(self.data_width)
         # a frame lasts two beats or more: A's registers wait for the emit stage (one copy of
         # the headers waiting, one being read); else B holds a copy, for a record per clock
-        hold_a = -(-MIN_FRAME // B) >= 2
+        hold_a = frames_span_two_beats(self.data_width)
 
         # ---------------------------------------------------------------- stage 1: headers
         # Three register stages: A (front, L4 window, lengths, offsets, partial sums of the

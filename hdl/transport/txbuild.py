@@ -44,7 +44,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..flow.layouts import qp_context_layout
-from ..net.deparser import MIN_FRAME
+from ..net.deparser import frames_span_two_beats
 from ..net.layout import beat_layout, record_layout
 from ..regmap import GIDS
 from .formats import CNP_OPCODE, INLINE_MAX
@@ -139,7 +139,7 @@ class TxBuilder(wiring.Component):
         # through the queues' room: the producer's (the transport's) queue read and S1's load
         # enable then start at flip-flops. At 512 bits a frame can be one beat: ready passes S1
         # on, for a descriptor per clock.
-        registered_ready = -(-MIN_FRAME // (self.data_width // 8)) >= 2
+        registered_ready = frames_span_two_beats(self.data_width)
         ready = ~s1_valid if registered_ready else ~s1_valid | push
         m.d.comb += [
             take.eq(self.desc.valid & ready),
