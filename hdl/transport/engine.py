@@ -119,6 +119,7 @@ from ..csr import block_signature
 from ..flow.fields import QP_CONTEXT, QpState
 from ..flow.layouts import qp_context_layout, struct_layout
 from ..flow.rxflow import CORE_RECORD_FIELDS, CORE_WB_FIELDS, rx_meta_layout
+from ..net.deparser import frames_span_two_beats
 from ..net.layout import beat_layout
 from ..regmap import GIDS, REGMAP, transport_config
 from .formats import (
@@ -358,8 +359,14 @@ class RcTransport(wiring.Component):
         # ------------------------------------------------------------ queues
         # Short on purpose: every request packet queued here (and in the builder) has left the
         # requester's hands, so a go-back-N rewind waits for it to go out first. Two packets of
-        # look-ahead keep the wire busy at 512 bits; more only lengthen loss recovery.
-        m.submodules.txq = txq = SyncFIFOBuffered(width=tx_desc_layout(IB).size, depth=2)
+        # look-ahead keep the wire busy at 512 bits; more only lengthen loss recovery. When
+        # frames span two beats or more (64 bits) one is enough: the builder takes a descriptor
+        # every other clock and a frame lasts 8 clocks or more, while the machine makes at most
+        # one every 6 (an event); the builder's S1, record queue and the deparser hold three
+        # packets after it. One entry is the output register alone (~430 flip-flops and one
+        # wide load enable fewer).
+        txq_depth = 1 if frames_span_two_beats(self.data_width) else 2
+        m.submodules.txq = txq = SyncFIFOBuffered(width=tx_desc_layout(IB).size, depth=txq_depth)
         # (17: 16 entries in its LUT RAM plus the output register; the machine fills it to 16,
         # see pdq_room)
         m.submodules.pdq = pdq = SyncFIFOBuffered(width=pd_l.size, depth=17)
