@@ -9,17 +9,24 @@ itself (and the core's reset by the board top, ``hdl/boards/top.py``).
 
 :class:`GlobalNet` is that buffer when the design is built for an ECP5 (the platform says so),
 and a wire otherwise (simulation, other tools, the out-of-context timing harness). Its delay on
-the ECP5 is the route to the buffer and the global tree's (about 2-3 ns of a 125 MHz clock's
-8), so it suits a decision that starts at flip-flops a logic level or three away, not a long
-combinational path. Written by hand because neither Amaranth nor amaranth-boards exposes the
-global buffers as a library element.
+the ECP5 is the route to the buffer plus the global tree's (not yet measured: no build of the
+full core has routed), so it suits a decision that starts at flip-flops a logic level or three
+away, not a long combinational path. Written by hand because neither Amaranth nor
+amaranth-boards exposes the global buffers as a library element.
+
+How many: nextpnr-ecp5 routes at most 8 globals into logic, and gives a clock the lowest free
+global; on the board tops the four clocks (core, Ethernet TX, TX at 90 degrees, RX) take four
+of those 8 and the core's reset a fifth, so the core may use ``CORE_GLOBALS`` = 3 (a fourth
+would find none and stay in general routing; ``tests/unit/test_fanout.py`` counts them).
 """
 
 from amaranth.hdl import Instance, Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["GlobalNet", "on_global"]
+__all__ = ["GlobalNet", "on_global", "CORE_GLOBALS"]
+
+CORE_GLOBALS = 3
 
 
 class GlobalNet(wiring.Component):

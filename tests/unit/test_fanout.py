@@ -2,7 +2,8 @@
 
 from amaranth.hdl import Fragment, Instance, Module, Signal
 from amaranth.sim import Simulator
-from stellar.hdl.fanout import GlobalNet, on_global
+from stellar.hdl.fanout import CORE_GLOBALS, GlobalNet, on_global
+from stellar.hdl.top.nic import NicCore
 
 
 class _Ecp5:
@@ -45,3 +46,10 @@ def test_elsewhere_a_wire():
     sim.add_testbench(bench)
     sim.run()
     assert all(v == o for v, o in seen)
+
+
+def test_core_fits_the_free_globals():
+    """NicCore built for an ECP5 uses no more globals than the board tops leave it."""
+    dccas = [i for i in _instances(Fragment.get(NicCore(data_width=64, qps=16), _Ecp5()))
+             if i.type == "DCCA"]
+    assert 1 <= len(dccas) <= CORE_GLOBALS
