@@ -7,6 +7,7 @@ written by hand, so the gateware cannot drift from the host driver's view.
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .axil import AxiLiteSignature, Resp
@@ -137,13 +138,13 @@ class AxiLiteCsrBank(wiring.Component):
         bus = self.s_axil
         word = slice(2, self._addr_width)  # word index: AXI-Lite accesses are whole words here
 
-        # Storage for counters (ro/rw values live on the ports themselves).
-        counters = {}
+        # The counters, (block, name) in the order of their words in the counter RAM (ro/rw
+        # values live on the ports themselves).
+        c_list = []
         clears = {}
         for block in self._regmap.blocks:
             clears[block.name] = Signal(name=f"{block.name}_clear")
-            for r in block.counters:
-                counters[block.name, r.name] = Signal(32, name=f"{block.name}_{r.name}")
+            c_list += [(block, r) for r in block.counters]
 
         # --- write path ------------------------------------------------------------------
         # AW and W arrive independently (AXI allows W before AW), so each gets its own
@@ -239,23 +240,67 @@ class AxiLiteCsrBank(wiring.Component):
             m.d.sync += [bus.bvalid.eq(1), bus.bresp.eq(resp_r)]
 
         # --- counters --------------------------------------------------------------------
-        # Timing: the increment and the clear are registered first, and the clear selects
-        # between the incremented count and the increment alone, so the 32-bit carry chain
-        # starts at flip-flops and nothing of the bus decode sits in front of it (the decode
-        # plus the mux plus the carry chain was 9.7 ns on a speed-6 ECP5). Both take effect one
-        # clock later than they would unregistered; they stay aligned, so clearing and counting
-        # in the same clock still keeps the event.
+        # The counts live in a small RAM (LUT RAM: 32 bits x one word per counter), not in a
+        # 32-bit register and adder per counter. Written by hand: no library has a counter
+        # bank, and this one must keep the register semantics exactly (a read returns the
+        # count of the clock after its AR handshake; a clear keeps the event of its clock).
+        # Each counter has a short pending count ``p`` and a "cleared" flag ``z``; a flush
+        # walks the counters round robin, one a clock: it takes a counter's ``p`` and ``z``
+        # (they restart from this clock's increment and 0), reads its RAM word, and a clock
+        # later writes ``(0 if z else word) + p`` back. A counter is flushed every ``n``
+        # clocks, so ``p`` never exceeds ``n``. A read adds the counter's ``p`` to its RAM
+        # word (or to the write in flight, if the flush of that counter is between its two
+        # clocks), or returns ``p`` alone while ``z`` is set. The register map's 63 counters
+        # were each 33 flip-flops and a 32-bit carry chain, and each word fed the read
+        # multiplexers (ECPIX-5 routing, README board notes); now each is a few flip-flops and
+        # an incrementer, and one RAM read port serves every counter read.
+        # The increment and the clear are registered first (so nothing of the bus decode sits
+        # in front of the counting logic); both take effect one clock later than they would
+        # unregistered and stay aligned, so clearing and counting in the same clock still
+        # keeps the event.
         clears_r = {}
         for block_name, clear in clears.items():
             clears_r[block_name] = Signal(name=f"{block_name}_clear_r")
             m.d.sync += clears_r[block_name].eq(clear)
-        for (block_name, name), count in counters.items():
-            inc = getattr(getattr(self, block_name), f"{name}_inc")
-            inc_r = Signal(name=f"{block_name}_{name}_inc_r")
-            m.d.sync += [
-                inc_r.eq(inc),
-                count.eq(Mux(clears_r[block_name], inc_r, count + inc_r)),
-            ]
+        if c_list:
+            n = max(2, len(c_list))                     # the flush period, clocks
+            c_mem = Memory(shape=32, depth=n, init=[0] * n)
+            m.submodules.counter_mem = c_mem
+            f_rd = c_mem.read_port(domain="comb")       # the flush's read
+            h_rd = c_mem.read_port(domain="comb")       # the host's read
+            c_wr = c_mem.write_port()
+            ring = Signal(n, init=1)                    # one-hot: the counter flushed now
+            f_idx = Signal(range(n))
+            m.d.sync += [ring.eq(ring.rotate_left(1)),
+                         f_idx.eq(Mux(f_idx == n - 1, 0, f_idx + 1))]
+            m.d.comb += f_rd.addr.eq(f_idx)
+            pend, zero = [], []
+            for i, (block, r) in enumerate(c_list):
+                inc = getattr(getattr(self, block.name), f"{r.name}_inc")
+                inc_r = Signal(name=f"{block.name}_{r.name}_inc_r")
+                p = Signal(range(n + 1), name=f"{block.name}_{r.name}_pend")
+                # Set at reset, so that a reset (not only configuration) zeroes the counts.
+                z = Signal(init=1, name=f"{block.name}_{r.name}_zero")
+                clear = clears_r[block.name]
+                m.d.sync += [
+                    inc_r.eq(inc),
+                    p.eq(Mux(ring[i] | clear, inc_r, p + inc_r)),
+                    z.eq(clear | (z & ~ring[i])),
+                ]
+                pend.append(p)
+                zero.append(z)
+            # The flush in flight: taken at the last edge, written at the next one.
+            s1_valid = Signal()
+            s1_idx = Signal(range(n))
+            s1_word = Signal(32)
+            s1_pend = Signal(range(n + 1))
+            s1_zero = Signal()
+            m.d.sync += [s1_valid.eq(1), s1_idx.eq(f_idx), s1_word.eq(f_rd.data),
+                         s1_pend.eq(_or_all(Mux(ring[i], pend[i], 0) for i in range(len(c_list)))),
+                         s1_zero.eq(_or_all(ring[i] & zero[i] for i in range(len(c_list))))]
+            s1_sum = Signal(32)
+            m.d.comb += [s1_sum.eq(Mux(s1_zero, 0, s1_word) + s1_pend),
+                         c_wr.en.eq(s1_valid), c_wr.addr.eq(s1_idx), c_wr.data.eq(s1_sum)]
 
         # --- read path -------------------------------------------------------------------
         # Timing: the read is registered in three steps, so no path is wider than one group of
@@ -308,9 +353,39 @@ class AxiLiteCsrBank(wiring.Component):
             with m.Switch(addr):
                 for block, r in regs:
                     with m.Case(((block.base + r.offset) & (BLOCK_SIZE - 1)) >> 2):
-                        m.d.sync += [word.eq(self._read_value(block, r, counters)), hit.eq(sel)]
+                        m.d.sync += [word.eq(self._read_value(block, r)), hit.eq(sel)]
             words.append(word)
             hits.append(hit)
+        if c_list:
+            # Counters: their group's word is 0 and its hit marks the address as mapped; the
+            # count comes from here. (1) At the AR handshake the counter's index; (2) in the
+            # clock after, its RAM word (or the flush write in flight for it), pending count
+            # and cleared flag, registered; (3) their sum, into rdata with the groups' words.
+            c_sel = Signal()
+            c_idx = Signal(range(n))
+            c_sel_d = Signal()
+            with m.If(ar_take):
+                m.d.sync += [c_sel.eq(0), c_idx.eq(0)]
+                with m.Switch(bus.araddr[2:self._addr_width]):
+                    for i, (block, r) in enumerate(c_list):
+                        with m.Case((block.base + r.offset) >> 2):
+                            m.d.sync += [c_sel.eq(1), c_idx.eq(i)]
+            x_r = Signal(32)
+            p_r = Signal(range(n + 1))
+            z_r = Signal()
+            p_sel = Signal(range(n + 1))
+            z_sel = Signal()
+            with m.Switch(c_idx):
+                for i in range(len(c_list)):
+                    with m.Case(i):
+                        m.d.comb += [p_sel.eq(pend[i]), z_sel.eq(zero[i])]
+            m.d.comb += h_rd.addr.eq(c_idx)
+            m.d.sync += [
+                x_r.eq(Mux(s1_valid & (s1_idx == c_idx), s1_sum, h_rd.data)),
+                p_r.eq(p_sel), z_r.eq(z_sel), c_sel_d.eq(c_sel),
+            ]
+            words.append(Mux(z_r, 0, x_r) + p_r)
+            hits.append(c_sel_d)
         with m.If(sel_full):
             m.d.sync += [
                 bus.rdata.eq(_or_all(Mux(hit, word, 0) for hit, word in zip(hits, words, strict=True))),
@@ -319,10 +394,8 @@ class AxiLiteCsrBank(wiring.Component):
 
         return m
 
-    def _read_value(self, block, r, counters):
-        if r.access == "counter":
-            return counters[block.name, r.name]
-        if r.access in ("clear", "command", "wo"):
+    def _read_value(self, block, r):
+        if r.access in ("counter", "clear", "command", "wo"):   # a counter: from the counter RAM
             return Const(0, 32)
         if r.const:
             return Const(r.init, 32)
