@@ -264,7 +264,9 @@ class AxiLiteCsrBank(wiring.Component):
             m.d.sync += clears_r[block_name].eq(clear)
         if c_list:
             n = max(2, len(c_list))                     # the flush period, clocks
-            c_mem = Memory(shape=32, depth=n, init=[0] * n)
+            # In LUT RAM, not block RAM: the boards' block RAMs are all taken, and a block
+            # RAM would pull the bank to a block RAM row.
+            c_mem = Memory(shape=32, depth=n, init=[0] * n, attrs={"ram_style": "distributed"})
             m.submodules.counter_mem = c_mem
             f_rd = c_mem.read_port(domain="comb")       # the flush's read
             h_rd = c_mem.read_port(domain="comb")       # the host's read
