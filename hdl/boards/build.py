@@ -7,12 +7,16 @@ it runs.
     python -m stellar.hdl.boards.build --board ecpix5|versa_ecp5_5g|colorlight_5a75b|ulx3s_85f
         [--qps N] [--core-mhz F] [--seed N] [--placer heap|static] [--router router1|router2]
         [--patience N] [--heatmap] [--build-dir build] [--no-bitstream] [--place-only]
+        [--no-floorplan]
 
 Writes to ``<build-dir>/<board>/``: the amaranth-boards build tree (``stellar_<board>.il``,
 ``.ys``, ``.lpf``, the Yosys log ``.rpt``, the nextpnr log ``.tim``, nextpnr's ``report.json``),
 the bitstream ``stellar_<board>.bit`` (and ``.svf``), and the summary ``summary.json`` /
 ``summary.txt``: LUT4, FF, EBR, DSP used of available, and per clock domain the fmax nextpnr
-achieved against its constraint. Progress lines come every 30 s while the tools run.
+achieved against its constraint. Progress lines come every 30 s while the tools run. Builds with
+the core on an 85k part pin every block RAM between synthesis and place-and-route
+(``stellar.hdl.boards.floorplan``; the plan in ``floorplan.txt``; ``--no-floorplan`` leaves them to
+the placer).
 
 Exit status: 0 when every clock domain meets its constraint; 1 with a message naming the
 failing domains otherwise (the bitstream is still written, for a look on the bench, but the build
@@ -48,8 +52,9 @@ from pathlib import Path
 
 from .top import BOARDS, ETH_HZ, BoardTop
 
-__all__ = ["main", "default_placer", "nextpnr_options", "parse_report", "parse_log_fmax",
-           "parse_log_utilisation", "route_progress", "route_stalled", "summarize", "DOMAIN_NETS"]
+__all__ = ["main", "default_placer", "floorplan_device", "with_floorplan", "nextpnr_options",
+           "parse_report", "parse_log_fmax", "parse_log_utilisation", "route_progress",
+           "route_stalled", "summarize", "DOMAIN_NETS"]
 
 # Clock nets of the board top, as nextpnr names them, -> clock domain. Synthesis keeps one of
 # the names a clock net has (``clk_core`` may come out as ``bank.clk``): a net matching none of
@@ -247,12 +252,30 @@ def _congestion(build_dir):
     print(text, flush=True)
 
 
+def floorplan_device(board, config):
+    """The ``stellar.hdl.boards.floorplan`` die of a build, or None: builds with the NIC core on
+    an 85k part (its block RAMs all but fill the die; the shell's few need no plan)."""
+    return "85k" if config.core and board.device.endswith("-85F") else None
+
+
+def with_floorplan(script, name, device):
+    """The build script ``script`` with the block-RAM floorplan of ``device`` run on the netlist
+    ``<name>.json`` between synthesis and place-and-route (plan in ``floorplan.txt``)."""
+    lines = script.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith('"$NEXTPNR_ECP5"'))
+    lines.insert(at, f'"{sys.executable}" -m stellar.hdl.boards.floorplan {name}.json '
+                     f'--device {device} > floorplan.txt')
+    return "\n".join(lines) + "\n"
+
+
 def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstream=True,
-          program=False, place_only=False, heatmap=False, patience=PATIENCE):
+          program=False, place_only=False, heatmap=False, patience=PATIENCE, floorplan=True):
     """Build ``board`` with ``config`` in ``build_dir``; returns (exit status, summary dict).
     A router2 run that goes ``patience`` iterations without a new lowest overuse is stopped and
     the build fails (exit 1, ``summary["routing"]``); ``heatmap`` has router2 write its
-    congestion heatmaps and summarizes them in ``congestion.txt``."""
+    congestion heatmaps and summarizes them in ``congestion.txt``. ``floorplan``: pin the block
+    RAMs (``stellar.hdl.boards.floorplan``, written to ``floorplan.txt``) where
+    ``floorplan_device`` names a die."""
     env = _tool_env()
     name = f"stellar_{board.name}"
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -280,6 +303,9 @@ def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstre
     if not bitstream:
         text = "\n".join(line for line in text.splitlines()
                          if not line.lstrip().startswith('"$ECPPACK"')) + "\n"
+    device = floorplan_device(board, config) if floorplan else None
+    if device:
+        text = with_floorplan(text, name, device)
     script.write_text(text)
     pll = top.pll
     print(f"== {board.name}: PLL {platform.default_clk_frequency / 1e6:g} MHz -> eth 125 MHz, core "
@@ -406,6 +432,9 @@ def main(argv=None):
     ap.add_argument("--build-dir", default="build", help="parent of <board>/")
     ap.add_argument("--no-bitstream", action="store_true", help="stop after place-and-route")
     ap.add_argument("--program", action="store_true", help="load the bitstream with $OPENFPGALOADER")
+    ap.add_argument("--no-floorplan", action="store_true",
+                    help="leave the block RAMs to the placer (default: pinned on 85k parts with "
+                         "the core, stellar.hdl.boards.floorplan)")
     ap.add_argument("--place-only", action="store_true",
                     help="stop after placement and name the worst paths of nextpnr's estimate "
                          "(placed_paths.txt)")
@@ -421,7 +450,7 @@ def main(argv=None):
     status, _ = build(board, config, Path(args.build_dir) / board.name, seed=args.seed,
                       router=args.router, placer=args.placer, bitstream=not args.no_bitstream,
                       program=args.program, place_only=args.place_only, heatmap=args.heatmap,
-                      patience=args.patience)
+                      patience=args.patience, floorplan=not args.no_floorplan)
     sys.exit(status)
 
 
