@@ -63,6 +63,10 @@ class AxiLiteCsrBank(wiring.Component):
     addr_width : int
         Width of the AXI byte address; the map must fit (``regmap.span <= 2**addr_width``).
         Address bits 1:0 are ignored (every access is a whole 32-bit word, lanes by ``wstrb``).
+    shadow_rw : int
+        A ``BLOCK_SIZE`` group with at least this many ``rw`` registers answers their reads
+        from a LUT RAM copy (below). The default, 8, gives the transport and congestion-control
+        blocks of ``REGMAP`` a copy; a value above any group's count (or 0) gives none.
 
     Ports
     -----
@@ -109,15 +113,21 @@ class AxiLiteCsrBank(wiring.Component):
       offered is still the old value, from the next clock on the cleared one (a read issued
       after the B handshake always sees it).
     * Throughput: a write every 2 clocks, a read every 4 clocks, both channels concurrently.
+    * Read-back copies: in a ``BLOCK_SIZE`` group with at least ``shadow_rw`` ``rw`` registers,
+      reads of those registers come from a LUT RAM copy written alongside them (see the read
+      path), not from the registers. The copy is loaded with the reset values in the
+      ``BLOCK_SIZE // 4`` clocks after a reset, while the bank takes no read or write (requests
+      wait in their channels); banks without such a group answer from the first clock.
     """
 
-    def __init__(self, regmap=REGMAP, *, addr_width=16):
+    def __init__(self, regmap=REGMAP, *, addr_width=16, shadow_rw=8):
         if regmap.span > 1 << addr_width:
             self._MustUse__silence = True  # no "created but never used" warning for a failed build
             raise ValueError(f"register map spans {regmap.span:#x} bytes, more than a {addr_width}-bit "
                              f"address reaches")
         self._regmap = regmap
         self._addr_width = addr_width
+        self._shadow_rw = shadow_rw
         members = {"s_axil": In(AxiLiteSignature(addr_width, 32))}
         for block in regmap.blocks:
             sig = block_signature(block)
@@ -149,6 +159,7 @@ class AxiLiteCsrBank(wiring.Component):
         # --- write path ------------------------------------------------------------------
         # AW and W arrive independently (AXI allows W before AW), so each gets its own
         # one-entry holding register; the write happens when both are present.
+        scrubbing = Signal()    # the read-back copies take their reset values (below)
         aw_full = Signal()
         aw_addr = Signal(self._addr_width)
         w_full = Signal()
@@ -178,7 +189,7 @@ class AxiLiteCsrBank(wiring.Component):
         # The response slot is free if empty or being emptied this clock; a write in step 2
         # takes it in the next clock.
         do_write = Signal()
-        m.d.comb += do_write.eq(aw_full & w_full & ~wpend & (~bus.bvalid | bus.bready))
+        m.d.comb += do_write.eq(aw_full & w_full & ~wpend & (~bus.bvalid | bus.bready) & ~scrubbing)
         m.d.sync += wpend.eq(do_write)
 
         w_resp = Signal(Resp)
@@ -200,6 +211,34 @@ class AxiLiteCsrBank(wiring.Component):
         resp_r = Signal(Resp)
         with m.If(do_write):
             m.d.sync += resp_r.eq(w_resp)
+
+        # Read-back copies. The transport's and congestion control's configuration (760 and
+        # 560 bits of rw registers) were inputs of their groups' read multiplexers: every one of
+        # those flip-flops, wherever its block put it, sent a wire to the multiplexer, and in
+        # the ECPIX-5 routing those multiplexers were among the most overused nets (README,
+        # board notes). The registers stay (the blocks use them); reads come from a LUT RAM
+        # copy per such group, one 32-bit word per address of the group, written with the same
+        # lanes in the same clock as the register, so it holds what the register holds. A LUT
+        # RAM is not reset, so after a reset a counter walks the addresses and writes each
+        # register's reset value while the bus waits. Written by hand: a register file with a
+        # read-back copy is not something amaranth.lib offers.
+        g_words = BLOCK_SIZE // 4
+        shadows = {}
+        for g, regs in sorted(groups.items()):
+            rw = {((block.base + r.offset) & (BLOCK_SIZE - 1)) >> 2: r
+                  for block, r in regs if r.access == "rw"}
+            if rw and 0 < self._shadow_rw <= len(rw):
+                mem = Memory(shape=32, depth=g_words,
+                             init=[rw[i].init if i in rw else 0 for i in range(g_words)],
+                             attrs={"ram_style": "distributed"})
+                m.submodules[f"rd_group{g:x}_copy"] = mem
+                shadows[g] = (mem.write_port(granularity=8), mem.read_port(domain="comb"), rw)
+        scrub = Signal(range(g_words + 1))
+        if shadows:
+            m.d.comb += scrubbing.eq(scrub != g_words)
+            with m.If(scrubbing):
+                m.d.sync += scrub.eq(scrub + 1)
+
         for g, regs in sorted(groups.items()):
             g_we = Signal(name=f"wr_group{g:x}_we")
             g_addr = Signal(group_bits - 2, name=f"wr_group{g:x}_addr")
@@ -211,6 +250,24 @@ class AxiLiteCsrBank(wiring.Component):
             with m.If(do_write & g_hit):
                 m.d.sync += [g_addr.eq(aw_addr[2:group_bits]), g_data.eq(w_data),
                              g_strb.eq(w_strb)]
+            if g in shadows:
+                wp, _rp, rw = shadows[g]
+                is_rw = Signal(name=f"wr_group{g:x}_copy_rw")
+                mask = Signal(32, name=f"wr_group{g:x}_copy_mask")   # the register's width
+                init = Signal(32, name=f"wr_group{g:x}_copy_init")
+                with m.Switch(g_addr):
+                    for i, r in rw.items():
+                        with m.Case(i):
+                            m.d.comb += [is_rw.eq(1), mask.eq((1 << r.width) - 1)]
+                with m.Switch(scrub[:group_bits - 2]):
+                    for i, r in rw.items():
+                        with m.Case(i):
+                            m.d.comb += init.eq(r.init)
+                with m.If(scrubbing):
+                    m.d.comb += [wp.addr.eq(scrub), wp.data.eq(init), wp.en.eq(0b1111)]
+                with m.Else():
+                    m.d.comb += [wp.addr.eq(g_addr), wp.data.eq(g_data & mask),
+                                 wp.en.eq(Mux(g_we & is_rw, g_strb, 0))]
             with m.Switch(g_addr):
                 for block, r in regs:
                     if r.access not in ("rw", "wo", "command", "clear"):
@@ -323,7 +380,7 @@ class AxiLiteCsrBank(wiring.Component):
         sel_full = Signal()     # step 3 in this clock
         ar_take = Signal()
         m.d.comb += [
-            bus.arready.eq(~bus.rvalid & ~ar_full & ~sel_full),
+            bus.arready.eq(~bus.rvalid & ~ar_full & ~sel_full & ~scrubbing),
             ar_take.eq(bus.arvalid & bus.arready),
         ]
         with m.If(bus.rvalid & bus.rready):
@@ -352,10 +409,15 @@ class AxiLiteCsrBank(wiring.Component):
             # handshake until the read is answered, so in the clock with sel_full they hold the
             # registers as sampled in the clock with ar_full.
             m.d.sync += [word.eq(0), hit.eq(0)]
+            if g in shadows:
+                _wp, rp, _rw = shadows[g]
+                m.d.comb += rp.addr.eq(addr)
             with m.Switch(addr):
                 for block, r in regs:
                     with m.Case(((block.base + r.offset) & (BLOCK_SIZE - 1)) >> 2):
-                        m.d.sync += [word.eq(self._read_value(block, r)), hit.eq(sel)]
+                        value = (rp.data if g in shadows and r.access == "rw"
+                                 else self._read_value(block, r))
+                        m.d.sync += [word.eq(value), hit.eq(sel)]
             words.append(word)
             hits.append(hit)
         if c_list:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 from amaranth.back import verilog
-from amaranth.hdl import Module
+from amaranth.hdl import Module, ResetInserter, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
@@ -220,9 +220,10 @@ def test_wstrb_byte_lanes():
     simulate(dut, bench)
 
 
-def test_rw_width_and_init():
+@pytest.mark.parametrize("shadow_rw", [8, 1], ids=["registers", "copy"])
+def test_rw_width_and_init(shadow_rw):
     regmap = make_test_map()
-    dut = AxiLiteCsrBank(regmap)
+    dut = AxiLiteCsrBank(regmap, shadow_rw=shadow_rw)   # 1: the test group reads from its copy
 
     async def bench(ctx):
         bus = AxiLiteMaster(dut.s_axil)
@@ -243,6 +244,48 @@ def test_rw_width_and_init():
         assert await bus.read(ctx, addr("test.flag", regmap)) == (1, Resp.OKAY)
         ctx.set(dut.test.status, 0xFEDCB)
         assert await bus.read(ctx, addr("test.status", regmap)) == (0xFEDCB, Resp.OKAY)
+
+    simulate(dut, bench)
+
+
+@pytest.mark.parametrize("seed", SEEDS[:2])
+def test_every_rw_register_reads_back_and_resets(seed):
+    """Every rw register of REGMAP (the transport's and congestion control's read from their
+    LUT RAM copies) reads back what was written, masked to its width, and drives it on its
+    port; after a reset every one reads and drives its reset value again."""
+    print(f"seed {seed} (replay with STELLAR_SEED={seed})")
+    rng = random.Random(seed)
+    rw = [(b, r) for b in REGMAP.blocks for r in b.registers if r.access == "rw"]
+    assert sum(b.name in ("transport", "cc") for b, _r in rw) >= 16     # both groups copied
+    rst = Signal()
+    bank = AxiLiteCsrBank()
+    dut = ResetInserter(rst)(bank)
+
+    async def check(ctx, master, expect):
+        _, back = await master.run(ctx, reads=[b.base + r.offset for b, r in rw])
+        for (b, r), got in zip(rw, back, strict=True):
+            assert got == (expect[b.name, r.name], Resp.OKAY), f"{b.name}.{r.name}"
+            assert ctx.get(getattr(getattr(bank, b.name), r.name)) == expect[b.name, r.name]
+
+    async def bench(ctx):
+        init = {(b.name, r.name): r.init for b, r in rw}
+        master = AxiLiteMaster(bank.s_axil, rng=rng, p_valid=0.5, p_ready=0.5)
+        model = dict(init)
+        writes = []
+        for b, r in rw:
+            data, strb = rng.getrandbits(32), rng.choice([0xF, rng.getrandbits(4)])
+            writes.append((b.base + r.offset, data, strb))
+            lanes = sum(0xFF << (8 * i) for i in range(4) if strb >> i & 1)
+            old = model[b.name, r.name]
+            model[b.name, r.name] = ((old & ~lanes) | (data & lanes)) & ((1 << r.width) - 1)
+        rng.shuffle(writes)     # each register written once: the order does not matter
+        bresps, _ = await master.run(ctx, writes=writes)
+        assert bresps == [Resp.OKAY] * len(writes)
+        await check(ctx, master, model)
+        ctx.set(rst, 1)
+        await ctx.tick()
+        ctx.set(rst, 0)
+        await check(ctx, master, init)
 
     simulate(dut, bench)
 
@@ -483,12 +526,13 @@ def test_unmapped_and_read_only_accesses():
 
 # --- random traffic -----------------------------------------------------------------------
 
+@pytest.mark.parametrize("shadow_rw", [8, 1], ids=["registers", "copy"])
 @pytest.mark.parametrize("seed", SEEDS)
-def test_random_traffic_with_backpressure(seed):
+def test_random_traffic_with_backpressure(seed, shadow_rw):
     print(f"seed {seed} (replay with STELLAR_SEED={seed})")
     rng = random.Random(seed)
     regmap = make_test_map()
-    dut = AxiLiteCsrBank(regmap)
+    dut = AxiLiteCsrBank(regmap, shadow_rw=shadow_rw)
     rw = {"test.ctrl": 32, "test.narrow": 12, "test.flag": 1}
     readonly = {"ident.id": MAGIC, "ident.version": 0x000100, "test.status": 0x5A5A5}
     unmapped = [0x1C0, 0x300, 0x2FC]
