@@ -124,13 +124,18 @@ def route_progress(text):
     return [(int(i), int(o)) for i, o in _ROUTE_ITER.findall(text)]
 
 
-def route_stalled(progress, patience):
+def route_stalled(progress, patience, near=None):
     """True when router2 has gone ``patience`` iterations without a new lowest count of overused
     wires: on this design it no longer converges (router2 raises its congestion costs every
-    iteration, so a route that converges keeps setting new lows). ``patience`` 0: never."""
+    iteration, so a route that converges keeps setting new lows). Once the lowest count is below
+    ``near`` the last few wires can take longer: ``NEAR_PATIENCE`` times ``patience`` (the ECPIX-5
+    core of 2026-12-07 reached 2 at iteration 53, stayed at 1-8 for 28 iterations and routed at
+    82). ``patience`` 0: never."""
     if not patience or len(progress) <= patience:
         return False
     best_at = min(range(len(progress)), key=lambda k: (progress[k][1], k))
+    if progress[best_at][1] < (NEAR_OVERUSE if near is None else near):
+        patience *= NEAR_PATIENCE
     return len(progress) - 1 - best_at >= patience
 
 
@@ -175,6 +180,8 @@ _PHASES = re.compile(r"^(\d+(\.\d+)*\. Executing \S+|Info: (Packing|Placed|Runni
 
 # router2 iterations without a new lowest overuse before a build stops routing (--patience).
 PATIENCE = 8
+NEAR_OVERUSE = 100      # below this many overused wires, route_stalled waits longer
+NEAR_PATIENCE = 4
 # seconds between progress lines (and router2 checks)
 POLL_S = 30
 # the --router2-heatmap prefix of --heatmap builds

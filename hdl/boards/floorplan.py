@@ -15,9 +15,9 @@ synthesis and place-and-route.
 
 The plan: memories are the ``DP16KD`` cells grouped by name without their last two indices (Yosys
 names a memory's block RAMs ``<memory>.<row>.<column>``), ordered by ``BLOCK_ORDER`` (the receive
-pipeline, then the transport and the TX builder, congestion control, DMA, device memory, MAC), and
-laid out in that order along a serpentine over the EBR rows (top row left to right, the next right
-to left, ...), so that consecutive memories, and the blocks that pass data to each other, are
+pipeline, the MR table first, then the transport and the TX builder, congestion control, DMA,
+device memory, MAC), and laid out in that order along a serpentine over the EBR rows (the row at
+y 82 left to right, the one at y 70 right to left, ...), so that consecutive memories, and the blocks that pass data to each other, are
 neighbours. Cells that already have a ``BEL`` keep it (their sites are not reused).
 
 ``python -m stellar.hdl.boards.floorplan <netlist.json> --device 85k`` rewrites the netlist in
@@ -41,8 +41,14 @@ EBR_SITES = {
     "85k": {"rows": (82, 70, 46, 22), "columns": _X85},
 }
 
-# Memory name prefixes in layout order; memories matching none come last, in name order.
-BLOCK_ORDER = ("nic.pipe", "nic.transport", "nic.builder", "nic.cc", "nic.dma", "ram", "mac")
+# Memory name prefixes in layout order (the first that matches counts); memories matching none
+# come last, in name order. The MR table first: in the corner at the start of the first row it
+# is not next to the transport's QP state memory. Placed after the pipeline's other memories it
+# sat just above it, and the two blocks' logic and the CSR bank's MR group met there: with that
+# order the ECPIX-5 core's best route (seed 1, main at a85faf6) kept 378 overused wires; with
+# this one the same netlist and seed routed (2026-12-07, README board notes).
+BLOCK_ORDER = ("nic.pipe.mr", "nic.pipe", "nic.transport", "nic.builder", "nic.cc", "nic.dma",
+               "ram", "mac")
 
 
 def ebr_sites(device):

@@ -418,7 +418,12 @@ def test_route_progress_and_stall():
     assert not route_stalled(progress, 0)                   # 0: never stop
     assert not route_stalled(progress[:5], 1)               # a new low in the last iteration
     # an equal count later is no new low
-    assert route_stalled([(1, 50), (2, 40), (3, 40), (4, 40)], 2)
+    assert route_stalled([(1, 500), (2, 400), (3, 400), (4, 400)], 2)
+    # near convergence (lowest below NEAR_OVERUSE) it waits NEAR_PATIENCE times longer
+    near = [(1, 500), (2, 2)] + [(3 + k, 3) for k in range(8)]
+    assert not route_stalled(near, 8)
+    assert route_stalled(near + [(11 + k, 3) for k in range(24)], 8)
+    assert not route_stalled(near + [(11 + k, 3) for k in range(23)], 8)
     assert not route_stalled([], 3) and not route_stalled([(1, 9)], 1)
 
 
