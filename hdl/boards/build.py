@@ -236,8 +236,11 @@ def nextpnr_options(config, *, seed=1, router=None, placer=None, place_only=Fals
             f"--router {router}")
     if place_only:
         opts += " --no-route --sdf placed.sdf --write placed.json"
-    elif heatmap and router == "router2":
-        opts += f" --router2-heatmap {HEATMAP}"
+    else:
+        # the routed delays of every connection, for the paths report (routed_paths.txt)
+        opts += " --sdf routed.sdf --write routed.json"
+        if heatmap and router == "router2":
+            opts += f" --router2-heatmap {HEATMAP}"
     return opts
 
 
@@ -320,6 +323,7 @@ def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstre
           f"place-and-route in {build_dir} (logs {name}.rpt, {name}.tim)", flush=True)
     # a log, report or heatmap left by an earlier build here would be read as this one's
     for stale in [build_dir / f"{name}.tim", build_dir / "report.json",
+                  *(build_dir / f"{stage}.sdf" for stage in ("placed", "routed")),
                   *build_dir.glob(f"{HEATMAP}_*.csv")]:
         stale.unlink(missing_ok=True)
     stop = threading.Event()
@@ -390,15 +394,17 @@ def build(board, config, build_dir, *, seed=1, router=None, placer=None, bitstre
     if not place_only:
         summary["routing"] = {"converged": True, "iterations": route_progress(tim_text)}
     _write_summary(build_dir, summary, summarize(board, config, parsed, seconds))
-    if place_only:
+    stage = "placed" if place_only else "routed"
+    if (build_dir / f"{stage}.sdf").exists():
         from stellar.sim.sdfpaths import analyse
-        rows, paths, found = analyse(build_dir, 1000.0 / (pll.core_hz / 1e6), n=30)
-        (build_dir / "placed_paths.txt").write_text(paths + "\n")
-        (build_dir / "placed_paths.json").write_text(json.dumps({**found, "paths": rows}, indent=1)
-                                                     + "\n")
+        rows, paths, found = analyse(build_dir, 1000.0 / (pll.core_hz / 1e6), n=30,
+                                     sdf=f"{stage}.sdf", netlist=f"{stage}.json")
+        (build_dir / f"{stage}_paths.txt").write_text(paths + "\n")
+        (build_dir / f"{stage}_paths.json").write_text(json.dumps({**found, "paths": rows},
+                                                                  indent=1) + "\n")
         print(paths.split("\n\nslack ")[0], flush=True)
-        print(f"== {board.name}: placement only; the paths step by step in "
-              f"{build_dir / 'placed_paths.txt'}", flush=True)
+        print(f"== {board.name}: {'placement only; ' if place_only else ''}the worst paths step "
+              f"by step in {build_dir / (stage + '_paths.txt')}", flush=True)
     failed = [d for d, c in parsed["clocks"].items() if not c["met"]]
     missing = {"sync", "eth_tx"} - set(parsed["clocks"])
     if failed or missing:

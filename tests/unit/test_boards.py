@@ -325,7 +325,8 @@ def test_parse_report_maps_domains_and_verdicts():
 
 def test_nextpnr_options_pick_placer_and_router():
     """The core builds place with nextpnr's static placer and route with router2; the shell keeps
-    HeAP and router1; an explicit choice wins; --place-only writes the placed SDF and netlist."""
+    HeAP and router1; an explicit choice wins; --place-only writes the placed SDF and netlist, a
+    routed build the routed ones."""
     from dataclasses import replace
 
     def opts(config, **kw):
@@ -338,6 +339,7 @@ def test_nextpnr_options_pick_placer_and_router():
     o, words = opts(core, seed=3)
     assert (o["--placer"], o["--router"], o["--seed"]) == ("static", "router2", "3")
     assert "--timing-allow-fail" in words and "--no-route" not in words
+    assert o["--sdf"] == "routed.sdf" and o["--write"] == "routed.json"
     o, _ = opts(shell)
     assert (o["--placer"], o["--router"]) == ("heap", "router1")
     o, words = opts(core, placer="heap", router="router1", place_only=True)
