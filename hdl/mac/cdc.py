@@ -4,7 +4,7 @@
 
 ::
 
-    eth_rx:  gmii rx -> GmiiRx (FCS check, packet FIFO) -> BytePacker --+
+    eth_rx:  gmii rx -> GmiiRx (FCS check, packet FIFO) -> BytePacker -> [skid] --+
                                                                         AsyncFIFO --> m_axis_rx  (sync)
     eth_tx:  gmii tx <- GmiiTx <- PacketFifo (store and forward) <- [skid] <- ByteUnpacker <- [skid]
                                                                         <- AsyncFIFO <-- s_axis_tx
@@ -42,9 +42,9 @@ two >= max_frame; default 4096: two full-size frames, 2 EBRs each on ECP5), ``cd
 of each asynchronous FIFO, default 16), ``ifg`` (default 12).
 
 Latency: a received frame is committed 2 eth_rx clocks after RX_DV falls; its first beat then
-needs 2 + W/8 eth_rx clocks (packet FIFO output register, packer), the asynchronous FIFO's
-pointer synchronizers (about 3 sync clocks) and 1 sync clock (port register) to reach
-``m_axis_rx``. A beat taken on ``s_axis_tx`` passes a sync register, the asynchronous FIFO and
+needs 3 + W/8 eth_rx clocks (packet FIFO output register, packer, skid register), the
+asynchronous FIFO's pointer synchronizers (about 3 sync clocks) and 1 sync clock (port register)
+to reach ``m_axis_rx``. A beat taken on ``s_axis_tx`` passes a sync register, the asynchronous FIFO and
 two eth_tx registers (either side of the unpacker) before its bytes enter the eth_tx packet
 FIFO; a frame starts its preamble 4 eth_tx clocks after its last byte entered that FIFO.
 Every stage keeps one beat (byte) per clock. The registers are there for timing: all three
@@ -222,10 +222,17 @@ class MacCore(wiring.Component):
         # its clock-to-output alone is 5.8 of a speed-6 ECP5's 8 ns.)
         # Only committed frames reach the packer, so back-pressure here is harmless: it fills
         # the receive packet FIFO, where whole frames are dropped.
+        # A skid buffer between the packer and the asynchronous FIFO: the FIFO's write side
+        # (``w_rdy`` from the gray-code pointer compare) lands in flip-flops instead of running
+        # through the packer's ready into the packet FIFO's read side. On the routed ECPIX-5
+        # core (2026-12-07) that chain was eth_rx's worst path (10.05 ns, 8.3 of it wire): the
+        # FIFO sits by the core, the packet FIFO by its block RAM. 1 eth_rx clock of latency.
+        m.submodules.rx_beat_reg = rx_beat_reg = DomainRenamer("eth_rx")(SkidBuffer(beat))
+        wiring.connect(m, pack.o, rx_beat_reg.i)
         m.d.comb += [
-            rx_cdc.w_data.eq(pack.o.payload),
-            rx_cdc.w_en.eq(pack.o.valid),
-            pack.o.ready.eq(rx_cdc.w_rdy),
+            rx_cdc.w_data.eq(rx_beat_reg.o.payload),
+            rx_cdc.w_en.eq(rx_beat_reg.o.valid),
+            rx_beat_reg.o.ready.eq(rx_cdc.w_rdy),
         ]
         m.submodules.rx_axis_reg = rx_axis_reg = SkidBuffer(beat)
         m.d.comb += [
