@@ -53,6 +53,10 @@ def block_signature(block):
     return wiring.Signature(members) if members else None
 
 
+def _group_word(block, reg):
+    """The word address of ``block``'s register ``reg`` inside its ``BLOCK_SIZE`` group."""
+    return ((block.base + reg.offset) & (BLOCK_SIZE - 1)) >> 2
+
 class AxiLiteCsrBank(wiring.Component):
     """AXI4-Lite subordinate holding every register of a register map.
 
@@ -225,7 +229,7 @@ class AxiLiteCsrBank(wiring.Component):
         g_words = BLOCK_SIZE // 4
         shadows = {}
         for g, regs in sorted(groups.items()):
-            rw = {((block.base + r.offset) & (BLOCK_SIZE - 1)) >> 2: r
+            rw = {_group_word(block, r): r
                   for block, r in regs if r.access == "rw"}
             if rw and 0 < self._shadow_rw <= len(rw):
                 mem = Memory(shape=32, depth=g_words,
@@ -233,8 +237,9 @@ class AxiLiteCsrBank(wiring.Component):
                              attrs={"ram_style": "distributed"})
                 m.submodules[f"rd_group{g:x}_copy"] = mem
                 shadows[g] = (mem.write_port(granularity=8), mem.read_port(domain="comb"), rw)
-        scrub = Signal(range(g_words + 1))
+        scrub = None
         if shadows:
+            scrub = Signal(range(g_words + 1))
             m.d.comb += scrubbing.eq(scrub != g_words)
             with m.If(scrubbing):
                 m.d.sync += scrub.eq(scrub + 1)
@@ -272,7 +277,7 @@ class AxiLiteCsrBank(wiring.Component):
                 for block, r in regs:
                     if r.access not in ("rw", "wo", "command", "clear"):
                         continue
-                    case = m.Case(((block.base + r.offset) & (BLOCK_SIZE - 1)) >> 2)
+                    case = m.Case(_group_word(block, r))
                     if r.access in ("rw", "wo"):
                         port = getattr(getattr(self, block.name), r.name)
                         with case, m.If(g_we):
@@ -414,7 +419,7 @@ class AxiLiteCsrBank(wiring.Component):
                 m.d.comb += rp.addr.eq(addr)
             with m.Switch(addr):
                 for block, r in regs:
-                    with m.Case(((block.base + r.offset) & (BLOCK_SIZE - 1)) >> 2):
+                    with m.Case(_group_word(block, r)):
                         value = (rp.data if g in shadows and r.access == "rw"
                                  else self._read_value(block, r))
                         m.d.sync += [word.eq(value), hit.eq(sel)]
