@@ -239,10 +239,16 @@ class AxiLiteCsrBank(wiring.Component):
                 shadows[g] = (mem.write_port(granularity=8), mem.read_port(domain="comb"), rw)
         scrub = None
         if shadows:
-            scrub = Signal(range(g_words + 1))
-            m.d.comb += scrubbing.eq(scrub != g_words)
-            with m.If(scrubbing):
+            # ``scrubbing`` straight from a flip-flop: it gates every write and read of the
+            # bank, and as a compare of the counter it was the start of 304 of the ECPIX-5
+            # core's failing paths (routed, 2026-12-07).
+            scrub = Signal(range(g_words))
+            scrub_busy = Signal(init=1)
+            m.d.comb += scrubbing.eq(scrub_busy)
+            with m.If(scrub_busy):
                 m.d.sync += scrub.eq(scrub + 1)
+                with m.If(scrub == g_words - 1):
+                    m.d.sync += scrub_busy.eq(0)
 
         for g, regs in sorted(groups.items()):
             g_we = Signal(name=f"wr_group{g:x}_we")
