@@ -17,8 +17,9 @@ The plan: memories are the ``DP16KD`` cells grouped by name without their last t
 names a memory's block RAMs ``<memory>.<row>.<column>``), ordered by ``BLOCK_ORDER`` (the receive
 pipeline, the MR table first, then the transport and the TX builder, congestion control, DMA,
 device memory, MAC), and laid out in that order along a serpentine over the EBR rows (the row at
-y 82 left to right, the one at y 70 right to left, ...), so that consecutive memories, and the blocks that pass data to each other, are
-neighbours. Cells that already have a ``BEL`` keep it (their sites are not reused).
+y 82 left to right, the one at y 70 right to left, ...), so that consecutive memories, and the
+blocks that pass data to each other, are neighbours. Cells that already have a ``BEL`` keep it
+(their sites are not reused).
 
 ``python -m stellar.hdl.boards.floorplan <netlist.json> --device 85k`` rewrites the netlist in
 place and prints the plan; ``stellar.hdl.boards.build`` runs it for the devices in ``EBR_SITES``.
