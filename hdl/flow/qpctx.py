@@ -10,7 +10,7 @@ The store is an in-order pipeline::
 
 A token (a packet request, or a host operation) enters at *issue*, where the memory read port
 samples its index; one clock later (*s1*) the memory word is out, and the token moves into the
-response *queue*, a ring of ``queue`` registers whose head (at the read pointer) drives ``resp``.
+response *queue* of ``queue`` registers: a head register that drives ``resp`` and a ring behind it.
 Writes come from the consumer (``wb``) and from host WRITEs executed at the head; there is one
 memory write port and so at most one write per clock.
 
@@ -206,10 +206,12 @@ class QpContextStore(wiring.Component):
             m.d.sync += [lw_addr.eq(w_addr), lw_data.eq(w_data)]
 
         # ------------------------------------------------------------ state
-        level = Signal(range(Q + 1))         # valid queue entries
-        rp = Signal(range(Q))                # head entry
-        wp = Signal(range(Q))                # next entry to load
-        q = [Signal(entry, name=f"q{k}") for k in range(Q)]
+        level = Signal(range(Q + 1))         # valid queue entries (the head's included)
+        R = Q - 1                            # entries of the ring behind the head register
+        rp = Signal(range(max(R, 1)))        # the ring's oldest entry
+        wp = Signal(range(max(R, 1)))        # next ring entry to load
+        r_level = Signal(range(R + 1))       # valid ring entries
+        q = [Signal(entry, name=f"q{k}") for k in range(R)]
         s1_valid = Signal()                  # a token whose memory read is in flight
         s1 = Signal(token)
         host_busy = Signal()                 # a host token is in the pipeline
@@ -297,11 +299,12 @@ class QpContextStore(wiring.Component):
             m.d.comb += incoming.hctx.eq(hrd.data)
 
         # ------------------------------------------------------------ head
+        # The head is a register of its own, not the ring entry at the read pointer: ``resp``
+        # then comes straight from flip-flops. Behind a multiplexer on the read pointer it was
+        # the start of 1,400 failing paths of the routed ECPIX-5 core (2026-12-07), the
+        # consumer's decode of the context running through it.
         head = Signal(entry)
-        with m.Switch(rp):
-            for k in range(Q):
-                with m.Case(k):
-                    m.d.comb += head.eq(q[k])
+        head_valid = Signal()
         head_ctx = whole(head.ctx, head.hctx)
         # The context a host operation merges into and returns. Its host fields come straight
         # from the host memory's read port: nothing else issues while a host operation is in
@@ -309,14 +312,12 @@ class QpContextStore(wiring.Component):
         # copies of the host fields then feed ``resp`` alone, and in NicCore synthesis drops
         # those nobody downstream reads.
         cur_ctx = whole(head.ctx, hrd.data) if split else head_ctx
-        head_valid = Signal()
         head_host = Signal()
         merged = Signal(QP_CONTEXT.width)
         pop = Signal()
         bit_mask = Signal(QP_CONTEXT.width)
         m.d.comb += [
             bit_mask.eq(Cat(*(h_mask[i].replicate(f.width) for i, f in enumerate(QP_CONTEXT.fields)))),
-            head_valid.eq(level != 0),
             head_host.eq(head_valid & head.tok.host),
             self.resp.valid.eq(head_valid & ~head.tok.host),
             self.resp.payload.index.eq(head.tok.index),
@@ -341,27 +342,63 @@ class QpContextStore(wiring.Component):
             m.d.sync += host_busy.eq(0)
 
         # ------------------------------------------------------------ queue
-        # A ring rather than a shift register: an entry never moves, so each bit only chooses
-        # between the incoming token (load), the write of this edge (snoop hit) and itself
-        # (clock enable), and only the head pays a Q:1 multiplexer. The host fields only load.
+        # The head register and a ring of Q - 1 entries behind it. The head takes the ring's
+        # oldest entry when it is empty or popped, or the incoming token when the ring is
+        # empty; so it is valid exactly when the queue holds an entry, and a token reaches
+        # ``resp`` in the same clock as before. A ring entry never moves, so each bit only
+        # chooses between the incoming token (load), the write of this edge (snoop hit) and
+        # itself (clock enable); the head's input pays the R:1 multiplexer. Every copy snoops
+        # the write of the edge it loads at. The host fields only load.
         def advance(ptr):
-            return Mux(ptr == Q - 1, 0, ptr + 1)
+            return Mux(ptr == R - 1, 0, ptr + 1)
 
-        for k in range(Q):
+        def snooped(e, name):
+            out = Signal(entry, name=name)
+            m.d.comb += [out.eq(e),
+                         out.ctx.eq(Mux(w_en & (w_addr == e.tok.index), w_data, e.ctx))]
+            return out
+
+        head_free = Signal()
+        ring_read = Signal()
+        ring_write = Signal()
+        m.d.comb += [
+            head_free.eq(~head_valid | pop),
+            ring_read.eq(head_free & (r_level != 0)),
+            ring_write.eq(s1_valid & ~(head_free & (r_level == 0))),
+        ]
+        oldest = Signal(entry)
+        if R == 1:
+            m.d.comb += oldest.eq(q[0])
+        elif R > 1:
+            with m.Switch(rp):
+                for k in range(R):
+                    with m.Case(k):
+                        m.d.comb += oldest.eq(q[k])
+        with m.If(ring_read):
+            m.d.sync += head.eq(snooped(oldest, "oldest_snooped"))
+        with m.Elif(head_free):
+            m.d.sync += head.eq(incoming)
+        with m.Elif(w_en & (w_addr == head.tok.index)):
+            m.d.sync += head.ctx.eq(w_data)
+        with m.If(head_free):
+            m.d.sync += head_valid.eq((r_level != 0) | s1_valid)
+        for k in range(R):
             hit = Signal(name=f"q{k}_hit")
             load = Signal(name=f"q{k}_load")
             m.d.comb += [
                 hit.eq(w_en & (w_addr == q[k].tok.index)),
-                load.eq(s1_valid & (wp == k)),
+                load.eq(ring_write & (wp == k)),
             ]
             # Entries outside the queue snoop too: harmless, and no valid bit is needed.
             with m.If(load):
                 m.d.sync += q[k].eq(incoming)
             with m.Elif(hit):
                 m.d.sync += q[k].ctx.eq(w_data)
-        with m.If(s1_valid):
-            m.d.sync += wp.eq(advance(wp))
-        with m.If(pop):
-            m.d.sync += rp.eq(advance(rp))
+        if R:
+            with m.If(ring_write):
+                m.d.sync += wp.eq(advance(wp))
+            with m.If(ring_read):
+                m.d.sync += rp.eq(advance(rp))
+            m.d.sync += r_level.eq(r_level + ring_write - ring_read)
         m.d.sync += level.eq(level + s1_valid - pop)
         return m
