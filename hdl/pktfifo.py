@@ -54,12 +54,19 @@ class PacketFifo(wiring.Component):
         wp = Signal(aw + 1)      # next entry to write
         cp = Signal(aw + 1)      # end of the last committed frame
         rp = Signal(aw + 1)      # next entry to read from memory
-        # Full: same entry, other lap. Written as an equality rather than `wp - rp == D` so it
-        # is an XOR and an AND tree, not a carry chain, in front of the write pointer's enable.
-        full = (wp ^ rp) == D
+        wp_n, cp_n, rp_n = Signal.like(wp), Signal.like(cp), Signal.like(rp)   # at the next edge
+        m.d.sync += [wp.eq(wp_n), cp.eq(cp_n), rp.eq(rp_n)]
+        # The pointer compares are registered: computed from the next pointers and held in
+        # flip-flops (``full``: same entry, other lap; ``rp == cp``; ``rp != cp``), so neither
+        # the input's ready nor the read enable starts at a 13-bit compare. In the routed
+        # ECPIX-5 core (2026-12-07) the receive buffer's full compare ran through the parser's
+        # output handshake into its stage enables (11.2 ns).
+        full = Signal()
+        at_commit = Signal(init=1)   # rp == cp: nothing committed is left to read
+        m.d.sync += [full.eq((wp_n ^ rp_n) == D), at_commit.eq(rp_n == cp_n)]
         # Everything stored belongs to the frame still being written: nothing can drain, so a
         # full FIFO means this frame is too long. Accept and discard the rest of it.
-        stuck = full & (rp == cp)
+        stuck = full & at_commit
         overflow = Signal()
 
         accept = self.i.valid & self.i.ready
@@ -69,18 +76,19 @@ class PacketFifo(wiring.Component):
             wr.data.eq(self.i.payload),
             wr.en.eq(accept & ~full & ~overflow),
             self.i_overflow.eq(overflow | (accept & stuck)),
+            wp_n.eq(wp), cp_n.eq(cp),
         ]
         with m.If(accept):
             with m.If(self.i.payload.last):
                 m.d.sync += overflow.eq(0)
                 with m.If(self.i_drop | self.i_overflow):
-                    m.d.sync += wp.eq(cp)
+                    m.d.comb += wp_n.eq(cp)
                 with m.Else():
-                    m.d.sync += [wp.eq(wp + 1), cp.eq(wp + 1)]
+                    m.d.comb += [wp_n.eq(wp + 1), cp_n.eq(wp + 1)]
             with m.Elif(stuck | overflow):
                 m.d.sync += overflow.eq(1)
             with m.Else():
-                m.d.sync += wp.eq(wp + 1)
+                m.d.comb += wp_n.eq(wp + 1)
 
         o_valid = Signal()       # rd.data holds a beat (not yet passed on)
         if self.out_reg:
@@ -94,13 +102,12 @@ class PacketFifo(wiring.Component):
         else:
             advance = ~o_valid | self.o.ready
             m.d.comb += [self.o.valid.eq(o_valid), self.o.payload.eq(rd.data)]
-        fetch = advance & (rp != cp)
+        fetch = advance & ~at_commit
         m.d.comb += [
             rd.addr.eq(rp[:aw]),
             rd.en.eq(fetch),
+            rp_n.eq(rp + fetch),
         ]
-        with m.If(fetch):
-            m.d.sync += rp.eq(rp + 1)
         with m.If(advance):
             m.d.sync += o_valid.eq(fetch)
         return m
