@@ -57,7 +57,7 @@ pktengine, flow, qpctx, mr
 
 Parameters: ``data_width`` (64 or 512), ``qps`` (flow-table capacity = QP context entries),
 ``mr_entries``, ``mr_pages``, ``rx_buffer_bytes``, ``records`` (queue depth for the frames that
-can wait: ``records`` - 2 of them, at least 4),
+can wait, at least 4: ``records`` - 2 of them at least),
 ``record_fields`` (the header-record fields ``o_meta``/``dropped`` carry and ``recq`` stores;
 None: all of them. NicCore passes ``CORE_RECORD_FIELDS``).
 """
@@ -224,7 +224,7 @@ class RxFlowPipeline(wiring.Component):
         self.mr_entries = mr_entries
         self.mr_pages = mr_pages
         self.rx_buffer_bytes = rx_buffer_bytes
-        assert records >= 4, "records: at least 4 (records - 2 frames can wait)"
+        assert records >= 4, "records: at least 4 (at least records - 2 frames can wait)"
         self.records = records
         self.index_bits = max(1, (qps - 1).bit_length())
         beat = beat_layout(data_width)
@@ -287,7 +287,7 @@ class RxFlowPipeline(wiring.Component):
         m.d.comb += [parser.i.valid.eq(self.i.valid), parser.i.payload.eq(self.i.payload),
                      self.i.ready.eq(parser.i.ready)]
         meta = parser.o_meta
-        # ``room`` from a flip-flop, a clock ahead and one entry short: a queue below
+        # ``room`` from a flip-flop, a clock ahead and one or two entries short: a queue below
         # ``records`` - 2 entries (its level counts the output register) still has room in
         # the next clock whatever is written meanwhile (one entry a clock at most). As the
         # queues' ``w_rdy`` it was a compare of their fill counts chained into the parser's
