@@ -270,7 +270,7 @@ class RxFlowPipeline(wiring.Component):
             self.record_fields))
         # out_reg: the payload leaves from a register, not from the block RAM's slow output
         m.submodules.rxbuf = rxbuf = PacketFifo(beat_layout(W), self.rx_buffer_bytes // (W // 8),
-                                                out_reg=True)
+                                                out_reg=True, reg_flags=True)
         rec_l = rx_record_layout(self.record_fields)
         m.submodules.recq = recq = SyncFIFOBuffered(width=rec_l.size, depth=self.records)
         m.submodules.keyq = keyq = SyncFIFOBuffered(width=key_l.size, depth=self.records)

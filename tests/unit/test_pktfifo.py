@@ -15,8 +15,9 @@ from stellar.sim.amaranth_streams import FrameSink, FrameSource, run_seeds, seed
 CONFIGS = [(64, 16), (512, 8)]
 
 
-def run_fifo(width, depth, frames, drops, rng, *, p_valid=1.0, p_ready=1.0, out_reg=False):
-    dut = PacketFifo(beat_layout(width), depth, out_reg=out_reg)
+def run_fifo(width, depth, frames, drops, rng, *, p_valid=1.0, p_ready=1.0, out_reg=False,
+             reg_flags=False):
+    dut = PacketFifo(beat_layout(width), depth, out_reg=out_reg, reg_flags=reg_flags)
     src = FrameSource(dut.i, frames, rng=rng, p_valid=p_valid, side=(dut.i_drop,),
                       side_values=[int(d) for d in drops], watch=(dut.i_overflow,))
     fits = [-(-len(f) // (width // 8)) <= depth for f in frames]
@@ -40,21 +41,24 @@ def random_frames(rng, width, depth, n):
     return frames, drops
 
 
+@pytest.mark.parametrize("reg_flags", [False, True])
 @pytest.mark.parametrize("out_reg", [False, True])
 @pytest.mark.parametrize("seed", run_seeds([1, 2, 3]))
 @pytest.mark.parametrize("width,depth", CONFIGS)
-def test_committed_frames_in_order(width, depth, seed, out_reg):
+def test_committed_frames_in_order(width, depth, seed, out_reg, reg_flags):
     """Random frames, drop flags, gaps and backpressure: the output is exactly the frames that
     were neither dropped nor too long, in order; i_overflow flags exactly the too-long ones."""
     rng = seeded_rng(f"pktfifo-random-{width}-{depth}", seed)
     frames, drops = random_frames(rng, width, depth, 150)
     assert any(-(-len(f) // (width // 8)) > depth for f in frames)
-    run_fifo(width, depth, frames, drops, rng, p_valid=0.7, p_ready=0.5, out_reg=out_reg)
+    run_fifo(width, depth, frames, drops, rng, p_valid=0.7, p_ready=0.5, out_reg=out_reg,
+             reg_flags=reg_flags)
 
 
+@pytest.mark.parametrize("reg_flags", [False, True])
 @pytest.mark.parametrize("out_reg", [False, True])
 @pytest.mark.parametrize("width,depth", CONFIGS)
-def test_depth_boundary(width, depth, out_reg):
+def test_depth_boundary(width, depth, out_reg, reg_flags):
     """A frame of exactly ``depth`` beats is kept; ``depth + 1`` beats is discarded and flagged,
     also when committed frames are still waiting in the FIFO; the frames around it survive.
     Backpressure from a slow reader."""
@@ -64,12 +68,14 @@ def test_depth_boundary(width, depth, out_reg):
              5 * depth * B]
     frames = [rng.randbytes(n) for n in sizes]
     drops = [False, False, False, True, False, False, False, False, False]
-    run_fifo(width, depth, frames, drops, rng, p_valid=0.9, p_ready=0.3, out_reg=out_reg)
+    run_fifo(width, depth, frames, drops, rng, p_valid=0.9, p_ready=0.3, out_reg=out_reg,
+             reg_flags=reg_flags)
 
 
+@pytest.mark.parametrize("reg_flags", [False, True])
 @pytest.mark.parametrize("out_reg", [False, True])
 @pytest.mark.parametrize("width,depth", CONFIGS)
-def test_one_beat_per_clock(width, depth, out_reg):
+def test_one_beat_per_clock(width, depth, out_reg, reg_flags):
     """Input always valid, output always ready: every input beat is taken on consecutive clocks
     (dropped frames included), equal-length frames leave back to back without a bubble, and a
     committed frame's first beat leaves 2 cycles after its last beat went in (3 with
@@ -79,7 +85,7 @@ def test_one_beat_per_clock(width, depth, out_reg):
     n_beats = depth // 2 - 1
     frames = [rng.randbytes(n_beats * B - rng.randrange(B)) for _ in range(24)]
     drops = [False] * 12 + [rng.random() < 0.3 for _ in range(12)]
-    src, sink = run_fifo(width, depth, frames, drops, rng, out_reg=out_reg)
+    src, sink = run_fifo(width, depth, frames, drops, rng, out_reg=out_reg, reg_flags=reg_flags)
     cycles = [t.cycle for t in src.transfers]
     assert src.stalls == 0 and cycles == list(range(cycles[0], cycles[0] + len(cycles)))
     out = [c for g in sink.frames[:12] for c in g.cycles]
