@@ -60,18 +60,17 @@ class PacketFifo(wiring.Component):
         rp = Signal(aw + 1)      # next entry to read from memory
         wp_n, cp_n, rp_n = Signal.like(wp), Signal.like(cp), Signal.like(rp)   # at the next edge
         m.d.sync += [wp.eq(wp_n), cp.eq(cp_n), rp.eq(rp_n)]
-        # ``reg_flags``: the pointer compares are registered, computed from the next pointers and
-        # held in flip-flops (``full``: same entry, other lap; ``rp == cp``; ``rp != cp``), so neither
-        # the input's ready nor the read enable starts at a 13-bit compare. In the routed
-        # ECPIX-5 core (2026-12-07) the receive buffer's full compare ran through the parser's
-        # output handshake into its stage enables (11.2 ns).
-        # With ``reg_flags`` only: where the input's decisions arrive late (the MAC's FCS
-        # verdict drops a frame), the next-pointer compare is the longer path, and the compares
-        # of the registered pointers are better (Colorlight shell, speed 6: eth_rx 133.7 MHz
-        # with them, 104.6 with the registered flags).
+        # Full: same entry, other lap (an XOR and an AND tree, not a carry chain); at_commit:
+        # nothing committed is left to read. ``reg_flags`` computes both from the next pointers
+        # into flip-flops, so neither the input's ready nor the read enable starts at a 13-bit
+        # compare (in the routed ECPIX-5 core, 2026-12-07, the receive buffer's full compare ran
+        # through the parser's output handshake into its stage enables, 11.2 ns). Where the
+        # input's decisions arrive late (the MAC's FCS verdict drops a frame) the next-pointer
+        # compare is the longer path, so the default compares the registered pointers
+        # (Colorlight shell, speed 6: eth_rx 133.7 MHz so, 104.6 with the registered flags).
         if self.reg_flags:
             full = Signal()
-            at_commit = Signal(init=1)   # rp == cp: nothing committed is left to read
+            at_commit = Signal(init=1)
             m.d.sync += [full.eq((wp_n ^ rp_n) == D), at_commit.eq(rp_n == cp_n)]
         else:
             full = (wp ^ rp) == D
