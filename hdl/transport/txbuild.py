@@ -93,8 +93,15 @@ def marking_layout():
 CLASSES = 8   # traffic classes: the QP's ``sl`` (802.1p priority) selects one
 
 
-def _src_entry_layout():
-    return data.StructLayout({"src": PayloadSrc, "plen": MAX_PLEN_BITS, "inline": INLINE_MAX * 8})
+def _src_entry_layout(data_width):
+    """A packet's payload source. For inline payloads, ``lastbeat`` (the index of the last beat,
+    (plen - 1) // B) and ``lastkeep`` (its byte enables) are worked out when the entry is
+    written, so that the payload mux's end of packet, which pops the entry, is one small compare
+    of registers (from the beat counter through a subtraction it was 10.8 ns routed on the
+    ECPIX-5 core at 41d0b9a)."""
+    B = data_width // 8
+    return data.StructLayout({"src": PayloadSrc, "plen": MAX_PLEN_BITS, "inline": INLINE_MAX * 8,
+                              "lastbeat": range(max(2, -(-INLINE_MAX // B))), "lastkeep": B})
 
 
 class TxBuilder(wiring.Component):
@@ -131,7 +138,8 @@ class TxBuilder(wiring.Component):
         # one more ~850-bit load enable.
         rec_depth = 1 if frames_span_two_beats(self.data_width) else 2
         m.submodules.recq = recq = SyncFIFOBuffered(width=rec_l.size, depth=rec_depth)
-        m.submodules.srcq = srcq = SyncFIFOBuffered(width=_src_entry_layout().size, depth=4)
+        src_l = _src_entry_layout(self.data_width)
+        m.submodules.srcq = srcq = SyncFIFOBuffered(width=src_l.size, depth=4)
         m.submodules.cmdq = cmdq = SyncFIFOBuffered(width=80, depth=2)
 
         # S1 holds one descriptor whose context read is in flight (data valid in S1).
@@ -223,13 +231,19 @@ class TxBuilder(wiring.Component):
             r.ieth_rkey.eq(s1.imm),
             r.payload_len.eq(s1.plen),
         ]
-        src_in = Signal(_src_entry_layout())
+        src_in = Signal(src_l)
         dma = Signal()
+        plen_m1 = Signal(MAX_PLEN_BITS)
+        kb = (B - 1).bit_length()       # bits of a byte offset within a beat
         m.d.comb += [
             dma.eq((s1.src == PayloadSrc.DMA) & (s1.plen != 0)),
             src_in.src.eq(Mux(s1.plen == 0, PayloadSrc.NONE, s1.src)),
             src_in.plen.eq(s1.plen),
             src_in.inline.eq(s1.inline),
+            plen_m1.eq(s1.plen - 1),
+            src_in.lastbeat.eq(plen_m1 >> kb),
+            # the last beat holds ((plen - 1) mod B) + 1 bytes
+            src_in.lastkeep.eq((Const(1, B + 1) << (plen_m1[:kb] + 1)) - 1),
             recq.w_en.eq(push),
             recq.w_data.eq(r),
             srcq.w_en.eq(push),
@@ -245,7 +259,7 @@ class TxBuilder(wiring.Component):
         ]
 
         # ---------------------------------------------------------------- payload mux
-        head = Signal(_src_entry_layout())
+        head = Signal(src_l)
         m.d.comb += head.eq(srcq.r_data)
         nbeats_inline = -(-INLINE_MAX // B)
         beat = Signal(range(max(2, nbeats_inline)))
@@ -261,10 +275,8 @@ class TxBuilder(wiring.Component):
                 ]
             with m.Case(PayloadSrc.INLINE):
                 # Inline bytes [beat*B, beat*B + B) of at most INLINE_MAX.
-                left = Signal(MAX_PLEN_BITS + 1)
-                m.d.comb += left.eq(head.plen - beat * B)
                 last = Signal()
-                m.d.comb += last.eq(left <= B)
+                m.d.comb += last.eq(beat == head.lastbeat)
                 chunks = [head.inline[8 * B * i:8 * B * (i + 1)]
                           for i in range(nbeats_inline)]
                 with m.Switch(beat):
@@ -272,10 +284,7 @@ class TxBuilder(wiring.Component):
                         with m.Case(i):
                             m.d.comb += o.payload.data.eq(chunk)
                 keep_bits = Signal(B)
-                with m.If(last):
-                    m.d.comb += keep_bits.eq((Const(1, B + 1) << left[:(B).bit_length()]) - 1)
-                with m.Else():
-                    m.d.comb += keep_bits.eq((1 << B) - 1)
+                m.d.comb += keep_bits.eq(Mux(last, head.lastkeep, (1 << B) - 1))
                 m.d.comb += [
                     o.valid.eq(srcq.r_rdy),
                     o.payload.keep.eq(keep_bits),
