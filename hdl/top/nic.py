@@ -39,6 +39,7 @@ from pathlib import Path
 from amaranth.back import verilog
 from amaranth.hdl import Module, Signal
 from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..axil import AxiLiteSignature, FlatPorts
@@ -149,13 +150,19 @@ class NicCore(wiring.Component):
         # Between the receive pipeline's payload gate and the transport: the transport's ready
         # (from the DMA writer's state) no longer runs into the receive buffer's block RAM read
         # enable (13.4 ns routed on the ECPIX-5 core, 2026-12-07).
+        # Two of them in a row: the pipeline and the transport sit far apart on the die, and with
+        # one slice the placer put it by the transport, 83 tiles from the receive buffer's
+        # read enable that its ready drives (10.2 ns routed at 41d0b9a); with two, one can sit
+        # by each block.
         m.submodules.rx_payload_reg = rx_payload_reg = SkidBuffer(beat_layout(W))
+        m.submodules.rx_payload_out = rx_payload_out = SkidBuffer(beat_layout(W))
 
         # receive: wire -> pipeline -> transport
         m.d.comb += axis_to_stream(self.s_axis_rx, rx_reg.i)
         wiring.connect(m, rx_reg.o, pipe.i)
         wiring.connect(m, pipe.o_meta, tp.rx_meta)
-        wiring.connect(m, pipe.o, rx_payload_reg.i)
+        wiring.connect(m, pipe.o, rx_payload_out.i)
+        wiring.connect(m, rx_payload_out.o, rx_payload_reg.i)
         wiring.connect(m, rx_payload_reg.o, tp.rx)
         wiring.connect(m, tp.wb, pipe.wb)
         m.d.comb += [tp.ctx_written.valid.eq(pipe.ctx_written.valid),
@@ -209,13 +216,20 @@ class NicCore(wiring.Component):
         wiring.connect(m, tp.dma_wcmd, dma.wr_cmd)
         wiring.connect(m, tp.dma_wdata, dma.wr_data)
         m.d.comb += tp.dma_wdone.eq(dma.wr_done.valid)
+        # Work and receive requests reach the transport through a one-entry register slice
+        # each: the event machine takes a request in its deciding clock, and that take ran into
+        # the producer's queue, its read enable and its ~500 output flip-flops' load enable
+        # (9.8 ns routed on the ECPIX-5 core at 41d0b9a). One entry takes a request every other
+        # clock; the machine takes at most one per event (6 clocks or more).
+        wr_in = self._request_slice(m, "wr_reg", tp.wr)
+        rr_in = self._request_slice(m, "rr_reg", tp.rr)
         if self.host_queues:
-            self._host_queues(m, tp, dma, csr)
+            self._host_queues(m, tp, dma, csr, wr_in, rr_in)
             return m
         wiring.connect(m, dma.m_axi, wiring.flipped(self.m_axi))
 
         # the transport's queues as ports (transport-level testbenches)
-        for axis, st in ((self.s_axis_wr, tp.wr), (self.s_axis_rr, tp.rr)):
+        for axis, st in ((self.s_axis_wr, wr_in), (self.s_axis_rr, rr_in)):
             m.d.comb += [st.valid.eq(axis.tvalid), st.payload.eq(axis.tdata[:len(st.payload.as_value())]),
                          axis.tready.eq(st.ready)]
         cq = self.m_axis_cq
@@ -223,8 +237,20 @@ class NicCore(wiring.Component):
                      cq.tkeep.eq((1 << (CQ_BITS // 8)) - 1), tp.cq.ready.eq(cq.tready)]
         return m
 
-    def _host_queues(self, m, tp, dma, csr):
-        """The queue engine between the rings in host memory and the transport."""
+    @staticmethod
+    def _request_slice(m, name, sink):
+        """A one-entry register slice (``SyncFIFOBuffered`` of depth 1: ready, valid and the
+        payload from flip-flops) in front of the stream ``sink``; returns its input stream."""
+        shape = sink.payload.shape()
+        m.submodules[name] = reg = SyncFIFOBuffered(width=data.Layout.cast(shape).size, depth=1)
+        src = stream.Signature(shape).flip().create(path=(name, "i"))
+        m.d.comb += [reg.w_en.eq(src.valid), reg.w_data.eq(src.payload), src.ready.eq(reg.w_rdy),
+                     sink.valid.eq(reg.r_rdy), sink.payload.eq(reg.r_data), reg.r_en.eq(sink.ready)]
+        return src
+
+    def _host_queues(self, m, tp, dma, csr, wr_in, rr_in):
+        """The queue engine between the rings in host memory and the transport (its work and
+        receive requests through the slices ``wr_in`` and ``rr_in``)."""
         W = self.data_width
         m.submodules.hostq = hq = HostQueues(W, qps=self.qps, cqs=self.qps, sq_depth=self.sq_depth,
                                              rq_depth=self.rq_depth, max_batch=self.max_batch,
@@ -232,8 +258,8 @@ class NicCore(wiring.Component):
         m.submodules.qdma = qdma = queue_dma(W, self.max_batch)
         m.submodules.arbiter = arb = Axi4Arbiter(data_width=W, id_width=3)
         wiring.connect(m, hq.csr, csr.hostq)
-        wiring.connect(m, hq.wr, tp.wr)
-        wiring.connect(m, hq.rr, tp.rr)
+        wiring.connect(m, hq.wr, wr_in)
+        wiring.connect(m, hq.rr, rr_in)
         wiring.connect(m, tp.cq, hq.cq)
         wiring.connect(m, tp.sq_retire, hq.sq_retire)
         wiring.connect(m, tp.rq_retire, hq.rq_retire)
