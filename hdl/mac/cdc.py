@@ -42,11 +42,12 @@ two >= max_frame; default 4096: two full-size frames, 2 EBRs each on ECP5), ``cd
 of each asynchronous FIFO, default 16), ``ifg`` (default 12).
 
 Latency: a received frame is committed 2 eth_rx clocks after RX_DV falls; its first beat then
-needs 3 + W/8 eth_rx clocks (packet FIFO output register, packer, skid register), the
-asynchronous FIFO's pointer synchronizers (about 3 sync clocks) and 1 sync clock (port register)
-to reach ``m_axis_rx``. A beat taken on ``s_axis_tx`` passes a sync register, the asynchronous FIFO and
-two eth_tx registers (either side of the unpacker) before its bytes enter the eth_tx packet
-FIFO; a frame starts its preamble 4 eth_tx clocks after its last byte entered that FIFO.
+needs 4 + W/8 eth_rx clocks (packet FIFO output register, byte skid register, packer, beat skid
+register), the asynchronous FIFO's pointer synchronizers (about 3 sync clocks) and 1 sync clock
+(port register) to reach ``m_axis_rx``. A beat taken on ``s_axis_tx`` passes a sync register,
+the asynchronous FIFO and two eth_tx registers (either side of the unpacker) before its bytes
+enter the eth_tx packet FIFO; a frame starts its preamble 4 eth_tx clocks after its last byte
+entered that FIFO.
 Every stage keeps one beat (byte) per clock. The registers are there for timing: all three
 domains meet 125 MHz on a speed-6 ECP5 (LFE5U-25F, Colorlight shell).
 """
@@ -215,7 +216,14 @@ class MacCore(wiring.Component):
         m.d.comb += [
             rx.rxd.eq(self.gmii.rxd), rx.rx_dv.eq(self.gmii.rx_dv), rx.rx_er.eq(self.gmii.rx_er),
         ]
-        wiring.connect(m, rx.o, pack.i)
+        # A skid buffer of bytes between the receive packet FIFO and the packer: the FIFO's
+        # read (the MAC's room accounting takes it a clock later) then starts at flip-flops by
+        # the FIFO instead of at the packer's ready, which the placer puts by the core (from
+        # the read across the die to the FIFO's write pointer it was 9.7 ns routed on the
+        # ECPIX-5 core at 2c5ea0a, a 132-tile net). 1 eth_rx clock of latency.
+        m.submodules.rx_byte_reg = rx_byte_reg = DomainRenamer("eth_rx")(SkidBuffer(BYTE_LAYOUT))
+        wiring.connect(m, rx.o, rx_byte_reg.i)
+        wiring.connect(m, rx_byte_reg.o, pack.i)
         # Timing: registers in front of the ports in ``sync``, so no path leaves MacCore or runs
         # from one FIFO's read side to the other's write side (the board shell echoes m_axis_rx
         # into s_axis_tx). 1 clock each. (Both packet FIFOs register their block RAM's output:
