@@ -659,6 +659,8 @@ class RcTransport(wiring.Component):
         psn = Signal(24, name="psn_r")
         m.d.sync += psn.eq(rec.bth_psn)
         plen = rec.payload_len
+        plen_nz = Signal()          # (registered, as psn) the packet has payload to move
+        m.d.sync += plen_nz.eq(plen != 0)
         is_send = Signal()
         is_write = Signal()
         is_read = Signal()
@@ -1470,7 +1472,7 @@ class RcTransport(wiring.Component):
             addr = Signal(64)
             m.d.comb += [
                 addr.eq(Mux(v.first | v.only, ann.bus_addr, s.wcur)),
-                mve.write.eq(plen != 0), mve.addr.eq(addr), mve.len.eq(plen),
+                mve.write.eq(v.plen_nz), mve.addr.eq(addr), mve.len.eq(plen),
                 ns.wcur.eq(v.rsp_wcur), ns.wrem.eq(v.wrem_in - plen),     # addr + plen
             ]
             with m.If(v.first | v.only):
@@ -1487,7 +1489,7 @@ class RcTransport(wiring.Component):
                 ]
         with m.If(v.is_send):
             m.d.comb += [
-                mve.write.eq(plen != 0), mve.addr.eq(v.rsp_saddr), mve.len.eq(plen),
+                mve.write.eq(v.plen_nz), mve.addr.eq(v.rsp_saddr), mve.len.eq(plen),
                 ns.rq_off.eq(Mux(v.msg_end, 0, v.send_total)),
             ]
             with m.If(v.msg_end & v.with_inv):
@@ -1680,7 +1682,7 @@ class RcTransport(wiring.Component):
                 with m.If(ok):
                     m.d.comb += [
                         csr.rx_acks_inc.eq(1),
-                        v.mve.write.eq(plen != 0),
+                        v.mve.write.eq(v.plen_nz),
                         ns.una.eq(rc.psn1), una_b.eq(1),
                         ns.retry_left.eq(c.retry_cnt), ns.rnr_left.eq(c.rnr_retry),
                     ]
