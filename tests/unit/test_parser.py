@@ -409,7 +409,7 @@ def test_line_rate_and_documented_latency(width):
     assert len(cycles) == beats
     assert src.stalls == 0
     assert beats / (cycles[-1] - cycles[0] + 1) == 1.0
-    assert dut.latency == -(-128 // B) + 9      # window, 4 decoder stages, 5 to the output
+    assert dut.latency == -(-128 // B) + 10     # window, 4 decoder stages, 6 to the output
     for frame, g in zip(short, got[n_long:], strict=True):
         exp, payload = dissect(frame)
         check_record(g.watch[0], exp, "minimum-size frame")
