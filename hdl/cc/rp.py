@@ -81,11 +81,11 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
   from the result register), every 5 after a CNP of a DCQCN QP (the next S2 at I+7 sees the
   result of I+6); whether an event is one of the longer kinds is known in S3, which holds the
   issue of I+3 back. A FlowMatrix update (CNP of a mode-2 QP, or its TIMER with the period
-  due) continues through F5..F12 (fm_b * Q; table index; table word registered; (1 - a) * s;
+  due) continues through F5..F13 (fm_b * Q; table index; table word registered; (1 - a) * s;
   W and 65536 - W; K * (65536 - W) with K = max_rate * fm_norm, as three registered 18 x 17
-  products; their sum; clamp at I+12, RAM write and ``rate`` at I+13): it occupies the
-  machine for 11 clocks instead of 3.
-- ``rate`` comes 5 clocks after the issue (7 for a CNP of a DCQCN QP, 13 for a FlowMatrix
+  products; their sum; clamp at I+12, registered; the new state at I+13, RAM write and
+  ``rate`` at I+14): it occupies the machine for 12 clocks instead of 3.
+- ``rate`` comes 5 clocks after the issue (7 for a CNP of a DCQCN QP, 14 for a FlowMatrix
   update).
 - Every multiplier output is registered; the widest, K * (65536 - W), is 52 x 17 bits, split
   in three products summed in the next stage.
@@ -100,12 +100,12 @@ Timing of the machine (clocks; ``I`` = the issue cycle of an event):
 
 Input FIFOs and the spacing that keeps them from overflowing (an event that finds its FIFO full is
 lost and pulses ``lost``): ``sent`` holds 8 and never overflows when sent events come at most once
-per 4 clocks and the init and cnp events of any window of T clocks need at most T/4 + 11 clocks of
-the machine (3 for an INIT, 5 for a CNP of a DCQCN QP, 11 for a CNP of a FlowMatrix QP) -- e.g.
-DCQCN CNPs at one per 20 clocks with bursts of two, or FlowMatrix CNPs at one per 44. (Timer
-events are issued only when all three FIFOs are empty, so at most one, of at most 11 clocks,
+per 4 clocks and the init and cnp events of any window of T clocks need at most T/4 + 12 clocks of
+the machine (3 for an INIT, 5 for a CNP of a DCQCN QP, 12 for a CNP of a FlowMatrix QP) -- e.g.
+DCQCN CNPs at one per 20 clocks with bursts of two, or FlowMatrix CNPs at one per 48. (Timer
+events are issued only when all three FIFOs are empty, so at most one, of at most 12 clocks,
 delays a backlog.) ``cnp`` holds 8: DCQCN CNPs at most one per 9 clocks on average (bursts of 7),
-FlowMatrix CNPs at most one per 11; ``init`` holds 4 (host writes, tens of clocks apart).
+FlowMatrix CNPs at most one per 12; ``init`` holds 4 (host writes, tens of clocks apart).
 
 Timer scanner: reads one QP per clock through a second RAM read port, round robin (the word is
 registered, then tested against the due windows of the ``now_us`` of the clock before, and the
@@ -205,7 +205,7 @@ class ReactionPoint(wiring.Component):
     FIFO_SENT = 8
     PERIOD = 3          # clocks per event
     PERIOD_CNP = 5      # clocks per CNP of a DCQCN QP
-    PERIOD_FM = 11      # clocks per FlowMatrix update
+    PERIOD_FM = 12      # clocks per FlowMatrix update
 
     def __init__(self, qps=256):
         assert qps >= 2 and qps & (qps - 1) == 0, "qps must be a power of two >= 2"
@@ -360,7 +360,7 @@ class ReactionPoint(wiring.Component):
         # ------------------------------------------------------------ issue
         cool = Signal(range(self.PERIOD_FM))  # clocks until the next issue is allowed
         long3 = Signal()                      # S3: this event holds the machine longer
-        long3_fm = Signal()                   # ... 11 clocks in all (else 5)
+        long3_fm = Signal()                   # ... 12 clocks in all (else 5)
         can = (cool == 0) & ~long3
         pick_init = Signal()
         pick_cnp = Signal()
@@ -692,9 +692,9 @@ class ReactionPoint(wiring.Component):
             m.d.comb += nx.infl_last.eq(ev.inflight)
 
         # ------------------------------------------------------------ F5..F12: FlowMatrix
-        f5, f6, f7, f8, f9, f10, f11, f12 = (Signal(name=f"f{i}") for i in range(5, 13))
+        f5, f6, f7, f8, f9, f10, f11, f12, f13 = (Signal(name=f"f{i}") for i in range(5, 14))
         m.d.sync += [f5.eq(ph4 & fm_upd), f6.eq(f5), f7.eq(f6), f8.eq(f7), f9.eq(f8),
-                     f10.eq(f9), f11.eq(f10), f12.eq(f11)]
+                     f10.eq(f9), f11.eq(f10), f12.eq(f11), f13.eq(f12)]
         q = Signal(16)
         xb = Signal(32)
         s7 = Signal(16)
@@ -725,9 +725,15 @@ class ReactionPoint(wiring.Component):
         # max(min(v, max_rate), min_rate), both compares at once
         m.d.comb += rc_fm.eq(Mux(v > p.max_rate, Mux(min_over_max, p.min_rate, p.max_rate),
                                  Mux(v < p.min_rate, p.min_rate, v)))
+        # The clamp is registered (F12) before the state is made (F13): from the sum through
+        # both compares and the choice of the result into ``lw_data`` it was 12.03 ns routed on
+        # the ECPIX-5 core at 245eb29 (seed 1). Nothing else runs in the machine meanwhile.
+        rc_fm_r = Signal(RATE_BITS)
+        with m.If(f12):
+            m.d.sync += rc_fm_r.eq(rc_fm)
         nf = Signal(st_layout)               # the new state of a FlowMatrix update
         m.d.comb += [
-            nf.eq(old), nf.rc.eq(rc_fm), nf.w.eq(wn),
+            nf.eq(old), nf.rc.eq(rc_fm_r), nf.w.eq(wn),
             nf.cnps.eq(Mux(fm_per, 0, cnps_new)),
             nf.infl_prev.eq(Mux(fm_per, old.infl_last, old.infl_prev)),
             nf.t_fm.eq(Mux(fm_per, ev.now, old.t_fm)),
@@ -737,15 +743,15 @@ class ReactionPoint(wiring.Component):
         done3 = (ph4 & ~fm_upd & ~cnp_d) | (ph6 & cnp_d)
         m.d.comb += [
             res_qp.eq(ev.qp),
-            res_en.eq(done3 | f12),
-            res_data.eq(Mux(f12, nf, nx)),
+            res_en.eq(done3 | f13),
+            res_data.eq(Mux(f13, nf, nx)),
         ]
         # ``rate`` and ``trace`` come from the result register (the clock the RAM is written),
         # so the blocks they feed start from flip-flops too.
         out_rate = Signal()
         out_ev = Signal(ev_layout)
         m.d.sync += [self.trace.valid.eq(res_en), out_rate.eq((done3 & (is_init | cnp_d | fire))
-                                                               | f12)]
+                                                               | f13)]
         with m.If(res_en):
             m.d.sync += out_ev.eq(ev)
         m.d.comb += [

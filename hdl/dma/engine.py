@@ -498,7 +498,11 @@ class DmaReader(wiring.Component):
         m.submodules.dq = dq = SyncFIFOBuffered(width=rdesc.size, depth=2 * self.outstanding + 2)
         m.submodules.rq = rq = SyncFIFOBuffered(width=W, depth=self.buffer)
 
-        committed = Signal(range(self.buffer + 1))      # buffer beats reserved or occupied
+        # Buffer beats neither reserved nor occupied. Kept as the room left (not as the beats
+        # committed) so the issue check is one compare, ``len < space``, not an add and a
+        # compare: from the split register's read pointer through both to the descriptor
+        # queue's write enable it was 10.10 ns routed on the ECPIX-5 core at 245eb29.
+        space = Signal(range(self.buffer + 1), init=self.buffer)
         inflight = Signal(range(self.outstanding + 1))  # bursts issued, last beat not received
 
         # --- split -> AR register + R descriptors ---
@@ -506,7 +510,7 @@ class DmaReader(wiring.Component):
         beats = b.len + 1
         arvalid = Signal()
         ar_ok = ((~arvalid | axi.arready) & (inflight < self.outstanding)
-                 & (committed + beats <= self.buffer))
+                 & (b.len < space))                # beats = len + 1 <= space
         room = dq.w_rdy & (b.zero | ar_ok)
         push = sreg.o.valid & room
         issue = push & ~b.zero
@@ -537,7 +541,7 @@ class DmaReader(wiring.Component):
         _count_errors(m, rfire, axi.rresp, self.error, self.errors)
         m.d.sync += inflight.eq(inflight + issue - (rfire & axi.rlast))
         pop = rq.r_en & rq.r_rdy
-        m.d.sync += committed.eq(committed + Mux(issue, beats, 0) - pop)
+        m.d.sync += space.eq(space - Mux(issue, beats, 0) + pop)
 
         # --- realign: output beat k of a command = lanes [offset, offset+B) of {R beat k+1,
         # R beat k}. Aligned commands pass R beats straight through. ---

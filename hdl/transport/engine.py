@@ -518,6 +518,12 @@ class RcTransport(wiring.Component):
         # ------------------------------------------------------------ the event machine
         ev = Signal(_Ev)
         qp = Signal(IB)
+        # qp_s: the slot shadow's read address, equal to qp outside IDLE (the only state that
+        # moves qp); in IDLE it loads in every clock, so Yosys does not merge it with qp and
+        # the placer can keep it by the shadow's LUT RAM. Through qp (fanned out over the whole
+        # transport) the shadow's read was the core's worst path: 13.10 ns routed on the
+        # ECPIX-5 at 245eb29 (seed 1), 9.4 ns of it one 55-tile net.
+        qp_s = Signal(IB)
         s = Signal(qs_l)          # working copy of the QP's transport state
         c = Signal(ctx_l)         # its transmit context copy
         t = Signal(tmr_l)         # its timer word
@@ -912,14 +918,19 @@ class RcTransport(wiring.Component):
         slot_l = data.StructLayout({"sq_cur": SQB, "sq_tail": SQB, "rq_tail": RQB})
         m.submodules.slot_mem = slot_mem = Memory(shape=slot_l, depth=self.qps, init=[])
         slot_rd, slot_wr = slot_mem.read_port(domain="comb"), slot_mem.write_port()
-        m.d.comb += [slot_rd.addr.eq(qp), slot_wr.en.eq(qs_wr.en), slot_wr.addr.eq(qs_wr.addr),
+        # The shadow's write address is a register of its own too, from qp_s (equal to qp in
+        # the deciding states, where qs_wr.addr samples qp): as qs_wr.addr (which Yosys shares
+        # with rq_ra) it was 182 failing endpoints into the LUT RAM's write side (-1.92 ns).
+        slot_wa = Signal(IB)
+        m.d.sync += slot_wa.eq(qp_s)
+        m.d.comb += [slot_rd.addr.eq(qp_s), slot_wr.en.eq(qs_wr.en), slot_wr.addr.eq(slot_wa),
                      slot_wr.data.sq_cur.eq(qs_wr.data.sq_cur[:SQB]),
                      slot_wr.data.sq_tail.eq(qs_wr.data.sq_tail[:SQB]),
                      slot_wr.data.rq_tail.eq(qs_wr.data.rq_tail[:RQB])]
         sq_ra_load = Signal(SQB + IB)
         m.d.comb += sq_ra_load.eq(Cat(Mux(ev == _Ev.SEND, slot_rd.data.sq_cur,
-                                          slot_rd.data.sq_tail), qp))
-        m.d.sync += rq_ra.eq(Cat(slot_rd.data.rq_tail, qp))     # used only in GOT
+                                          slot_rd.data.sq_tail), qp_s))
+        m.d.sync += rq_ra.eq(Cat(slot_rd.data.rq_tail, qp_s))   # used only in GOT
 
         # The context write-back to the store and the inline-data write: payload, address and
         # data in every clock (only POST writes sqd; only an accepted request writes back); only
@@ -1111,31 +1122,41 @@ class RcTransport(wiring.Component):
         GO_STAY, GO_IDLE, GO_WALK, GO_AFTER = range(4)
         do_go = Signal(2)           # where DO goes next (its decision, below the FSM)
         in_do = Signal()            # the FSM is in DO
+        in_flush = Signal()         # the FSM is in FLUSH (set on the way in, like in_do)
+        # w loads in EVAL, WALK_LD and FLUSH_LD: on a flip-flop set on the way in (w_ld), not on
+        # a compare of the state register (ev_state -> w's ~200 enables: 84 failing endpoints,
+        # -1.71 ns, routed on the ECPIX-5 core at 245eb29).
+        w_ld = Signal()
+        m.d.sync += w_ld.eq(0)
+        with m.If(w_ld):
+            m.d.sync += w.eq(sq_rd.data)
         with m.FSM(name="ev"):
             with m.State("IDLE"):
                 can_send = Signal()
                 m.d.comb += can_send.eq(self.sched_pop.valid & txq.w_rdy)
                 others = Signal()
                 m.d.comb += others.eq(toq.r_rdy | can_send | self.wr.valid | self.rr.valid)
+                m.d.sync += qp_s.eq(rrq.qp)      # (each event below loads its own, as qp)
                 with m.If(initq.r_rdy):
-                    m.d.sync += [ev.eq(_Ev.INIT), qp.eq(init.index)]
+                    m.d.sync += [ev.eq(_Ev.INIT), qp.eq(init.index), qp_s.eq(init.index)]
                     m.next = "LOAD"
                 with m.Elif(self.rx_meta.valid & ~rx_taking & (prefer_rx | ~others)):
-                    m.d.sync += [ev.eq(_Ev.RX), qp.eq(meta.ann.qp), prefer_rx.eq(0)]
+                    m.d.sync += [ev.eq(_Ev.RX), qp.eq(meta.ann.qp), qp_s.eq(meta.ann.qp), prefer_rx.eq(0)]
                     m.next = "LOAD"
                 with m.Elif(toq.r_rdy):
                     m.d.comb += toq.r_en.eq(1)
-                    m.d.sync += [ev.eq(_Ev.TIMEOUT), qp.eq(toq.r_data), prefer_rx.eq(1)]
+                    m.d.sync += [ev.eq(_Ev.TIMEOUT), qp.eq(toq.r_data), qp_s.eq(toq.r_data), prefer_rx.eq(1)]
                     m.next = "LOAD"
                 with m.Elif(can_send):
                     m.d.comb += self.sched_pop.ready.eq(1)
-                    m.d.sync += [ev.eq(_Ev.SEND), qp.eq(self.sched_pop.payload.qp), prefer_rx.eq(1)]
+                    pop_qp = self.sched_pop.payload.qp
+                    m.d.sync += [ev.eq(_Ev.SEND), qp.eq(pop_qp), qp_s.eq(pop_qp), prefer_rx.eq(1)]
                     m.next = "LOAD"
                 with m.Elif(self.wr.valid):
-                    m.d.sync += [ev.eq(_Ev.POST), qp.eq(wrq.qp), prefer_rx.eq(1)]
+                    m.d.sync += [ev.eq(_Ev.POST), qp.eq(wrq.qp), qp_s.eq(wrq.qp), prefer_rx.eq(1)]
                     m.next = "LOAD"
                 with m.Elif(self.rr.valid):
-                    m.d.sync += [ev.eq(_Ev.RECV), qp.eq(rrq.qp), prefer_rx.eq(1)]
+                    m.d.sync += [ev.eq(_Ev.RECV), qp.eq(rrq.qp), qp_s.eq(rrq.qp), prefer_rx.eq(1)]
                     m.next = "LOAD"
                 with m.Else():
                     m.d.sync += prefer_rx.eq(1)
@@ -1149,10 +1170,11 @@ class RcTransport(wiring.Component):
                 m.d.comb += q.eq(qs_rd.data)
                 m.d.sync += [s.eq(q), c.eq(txc_rd.data), t.eq(tmr_rd.data), flushing.eq(0)]
                 # (sq/sqd read at sq_ra, rq at rq_ra, both registered in LOAD: valid in EVAL)
+                m.d.sync += w_ld.eq(1)
                 m.next = "EVAL"
 
             with m.State("EVAL"):
-                m.d.sync += [w.eq(sq_rd.data), wd.eq(sqd_rd.data), rqe.eq(rq_rd.data)]
+                m.d.sync += [wd.eq(sqd_rd.data), rqe.eq(rq_rd.data)]     # (w: w_ld)
                 m.next = "CHK1"
 
             # Two clocks in which s, c, w, rqe and the event's input hold still while the
@@ -1190,9 +1212,7 @@ class RcTransport(wiring.Component):
                 # covered (WALK_LD loads it only if it is)
                 is_rd = Signal()
                 m.d.comb += is_rd.eq(w.opcode == WrOpcode.RDMA_READ)
-                # the entry WALK pushes (if it does): w's completion, in every clock of WALK
-                m.d.comb += [pde.has_cqe.eq(1),
-                             *cqe_for_wqe(pde.cqe, w, WcStatus.SUCCESS)]
+                # the entry WALK pushes (if it does): w's completion (pde outside DO, below)
                 with m.If(covered & is_rd):
                     # An ACK/NAK past a READ whose responses are missing: they were lost, resend
                     # from una (once until progress: later ACKs in flight say the same). A READ
@@ -1206,6 +1226,7 @@ class RcTransport(wiring.Component):
                         with m.If(s.sq_cur == s.sq_tail):
                             # acknowledged beyond a rewound send pointer: skip what needs no resend
                             m.d.sync += [s.sq_cur.eq(s.sq_tail + 1), s.cur_off.eq(0)]
+                        m.d.sync += w_ld.eq(1)
                         m.next = "WALK_LD"
                 with m.Else():
                     # The response ends inside this WQE (or nothing is left to complete).
@@ -1237,7 +1258,7 @@ class RcTransport(wiring.Component):
                     m.next = "RX_CHK1"
 
             with m.State("WALK_LD"):
-                m.d.sync += w.eq(sq_rd.data)     # addressed in WALK (sq_tail + 1)
+                # w loads here (w_ld), addressed in WALK (sq_tail + 1)
                 m.next = "WALK_CHK"
             with m.State("WALK_CHK"):
                 m.next = "WALK"      # the wk_* checks of the new WQE settle
@@ -1258,7 +1279,7 @@ class RcTransport(wiring.Component):
             # ---------------------------------------------------- rewind or fatal
             with m.State("AFTER"):
                 with m.If(after == A_FATAL):
-                    m.d.sync += qs_src.eq(SRC_FATAL)
+                    m.d.sync += [qs_src.eq(SRC_FATAL), in_flush.eq(1)]
                     m.next = "FLUSH"
                 with m.Else():
                     # go-back-N: resend from una; w = the oldest WQE (holds una); ns_af
@@ -1271,10 +1292,7 @@ class RcTransport(wiring.Component):
 
             with m.State("FLUSH"):
                 # w = the WQE at sq_tail: the failing one first, then the rest (WR_FLUSH_ERR);
-                # the entry it pushes (if it does), in every clock of FLUSH
-                m.d.comb += [pde.has_cqe.eq(1),
-                             *cqe_for_wqe(pde.cqe, w, Mux(flushing, WcStatus.WR_FLUSH_ERR,
-                                                         fatal_status))]
+                # the entry it pushes (if it does): pde outside DO, below
                 with m.If(~rc.tail_ne):     # sq_tail == sq_head (registered, s holds still)
                     with m.If(errq.w_rdy):
                         m.d.comb += [
@@ -1282,14 +1300,29 @@ class RcTransport(wiring.Component):
                             errq.w_en.eq(1), errq.w_data.eq(qp), csr.qp_errors_inc.eq(1),
                             *disarm_timer(1),
                         ]
+                        m.d.sync += in_flush.eq(0)
                         m.next = "IDLE"
                 with m.Elif(pdq_room):
                     m.d.comb += [pd_push.eq(1), self.sq_retire.valid.eq(1)]  # sq_ra = sq_tail + 1
-                    m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), flushing.eq(1)]
+                    m.d.sync += [s.sq_tail.eq(s.sq_tail + 1), flushing.eq(1), in_flush.eq(0)]
+                    m.d.sync += w_ld.eq(1)
                     m.next = "FLUSH_LD"
             with m.State("FLUSH_LD"):
-                m.d.sync += w.eq(sq_rd.data)
+                m.d.sync += in_flush.eq(1)      # (w loads: w_ld)
                 m.next = "FLUSH"
+
+        # ---------------------------------------------------- the pdq entry outside DO
+        # WALK, FLUSH and AFTER_RX push one entry only: the completion of w (success, or in
+        # FLUSH the failing WQE's status and WR_FLUSH_ERR after it). It is made here in every
+        # clock outside DO, whatever the state (pdq takes it only with pd_push), its status
+        # chosen by a flip-flop (in_flush): from the FSM's state register through the state
+        # compares to the entry's CQE it was -4.10 ns routed on the ECPIX-5 core at 245eb29.
+        with m.If(~in_do):
+            m.d.comb += [pde.has_cqe.eq(1),
+                         *cqe_for_wqe(pde.cqe, w, Mux(in_flush, Mux(flushing,
+                                                                    WcStatus.WR_FLUSH_ERR,
+                                                                    fatal_status),
+                                                      WcStatus.SUCCESS))]
 
         # ---------------------------------------------------- the deciding state (DO)
         # Made outside the FSM, under in_do (a flip-flop that is set exactly while the FSM is
@@ -1623,9 +1656,8 @@ class RcTransport(wiring.Component):
         ns = v.ns_resp
         m.d.comb += [v.rx_take.eq(1), v.mv_push.eq(1), v.mve.write.eq(0)]
         # what an accepted READ response moves and (its last) completes, in every clock
-        m.d.comb += [v.mve.addr.eq(rc.maddr), v.mve.len.eq(plen),
-                     v.pde.has_cqe.eq(1),
-                     *v.cqe_for_wqe(v.pde.cqe, w, WcStatus.SUCCESS)]
+        # (and the pdq entry it pushes: w's completion, made outside DO in elaborate)
+        m.d.comb += [v.mve.addr.eq(rc.maddr), v.mve.len.eq(plen)]
         at_una = Signal()
         m.d.comb += at_una.eq(rc.at_una)
         una_b = Signal()        # ns.una = psn + 1 (an accepted READ response), else s.una

@@ -6,7 +6,7 @@ samples ``trace`` and ``rate``. Each traced event is replayed into the model at 
 answer (a rate, or none) must be on ``rate`` in the same clock, for the same QP. The trace itself
 is checked against what was driven: INIT, CNP and SENT entries come in the order their stream
 delivered them with the same fields, TIMER entries only name QPs, every entry carries the
-``now_us`` of its issue clock (5 clocks before it, 7 for a CNP of a DCQCN QP, 13 for a FlowMatrix
+``now_us`` of its issue clock (5 clocks before it, 7 for a CNP of a DCQCN QP, 14 for a FlowMatrix
 update: the documented latency), and nothing is lost. At the end ``now_us`` stands still while the
 scanner fires every due timer: no QP may be left with a due timer (scanner liveness), and every
 QP's state read through the ``dbg`` port must equal the model's.
@@ -171,7 +171,7 @@ class Bench:
         fm_update = mode_before == FM and (
             kind == P.EV_CNP or (kind == P.EV_TIMER and elapsed_due(t["now"], s["t_fm"],
                                                                     self.params["fm_period"])))
-        lat = 13 if fm_update else 7 if kind == P.EV_CNP and mode_before == DCQCN else 5
+        lat = 14 if fm_update else 7 if kind == P.EV_CNP and mode_before == DCQCN else 5
         assert t["now"] == nows[edge - lat], \
             f"edge {edge}: event used now {t['now']}, issue clock {edge - lat} had {nows[edge - lat]}"
         self._classify(kind, qp, t)
@@ -555,7 +555,7 @@ def test_flowmatrix_directed():
 def test_throughput():
     """A continuous stream issues one event per 3 clocks, rate 5 clocks after the issue; a CNP
     of a DCQCN QP holds the machine 5 clocks (rate 7 clocks after the issue), a FlowMatrix
-    update 11 (rate 13 clocks after the issue)."""
+    update 12 (rate 14 clocks after the issue)."""
     p = dict(DEFAULTS, byte_reset=1000)
     qps = 8
     setup = [(0, 10, ("init", q, DCQCN)) for q in range(qps)]
@@ -584,16 +584,16 @@ def test_throughput():
     assert kinds[:20] == [0] * 4 + [1] * 8 + [2] * 8        # priority init > cnp > sent
     assert [b2 - b1 for b1, b2 in pairwise(e[:20])] == [3] * 3 + [5] * 4 + [3] * 12
     assert e[0] == 6      # FIFO write at edge 0, issue at 1, rate at 6
-    # FlowMatrix: a CNP (update) followed by queued SENTs: 11 clocks, then 3
+    # FlowMatrix: a CNP (update) followed by queued SENTs: 12 clocks, then 3
     cyc = [(10, (0, FM), None, None)] + [(10, None, None, None)] * 10 + \
           [(10, None, 0, None)] + [(10, None, None, (1, 10, 0))] + [(10, None, None, None)] * 3 + \
           [(10, None, None, (1, 10, 0))]
     bf = Bench(qps, p).run(cyc, settle=60)
     e = [t[0] for t in bf.traces]
     assert [t[1] for t in bf.traces] == [0, 1, 2, 2]
-    # CNP in the FIFO at edge 11, issued at 12, traced at 25; the SENT waits until 12 + 11 = 23
-    # (traced 28); the next SENT (FIFO at 16) is issued 3 clocks later, at 26 (traced 31)
-    assert e[1:] == [25, 28, 31]
+    # CNP in the FIFO at edge 11, issued at 12, traced at 26; the SENT waits until 12 + 12 = 24
+    # (traced 29); the next SENT (FIFO at 16) is issued 3 clocks later, at 27 (traced 32)
+    assert e[1:] == [26, 29, 32]
 
 
 def _expand(script):
