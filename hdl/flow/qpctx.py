@@ -62,6 +62,10 @@ Ports (``I`` = ``index_bits``, ``U`` = ``user_width``, ``ctx`` = ``qp_context_la
                       ``QP_CONTEXT``) is set with those of ``ctx``.
   ``host_resp``  out  stream ``{ctx}``, always ready: one-cycle pulse when a host operation is
                       done: READ -> the context; WRITE -> the context as written (merged).
+  ``host_hold``  in   1: while high, a host operation at the head waits (tie low if unused). A
+                      consumer that holds packets it took, or writes back later, keeps it high
+                      until their write-backs have reached ``wb``, so that a host operation
+                      still follows every packet ahead of it (``RxFlowPipeline``).
 
 Parameters: ``depth`` (number of QPs, a power of two), ``user_width`` (sideband bits),
 ``queue`` (responses held in registers, so ``req`` keeps flowing under short ``resp`` stalls),
@@ -130,6 +134,7 @@ class QpContextStore(wiring.Component):
             "host": In(stream.Signature(data.StructLayout({
                 "op": QpHostOp, "index": ib, "ctx": ctx, "mask": len(QP_CONTEXT.fields)}))),
             "host_resp": Out(stream.Signature(data.StructLayout({"ctx": ctx}), always_ready=True)),
+            "host_hold": In(1),
         })
 
     @staticmethod
@@ -335,7 +340,7 @@ class QpContextStore(wiring.Component):
             # A READ has an all-zero mask: ``merged`` is then the context itself.
             merged.eq((cur_ctx & ~bit_mask) | (h_ctx & bit_mask)),
             # A host WRITE yields the write port to a write-back of the same cycle and holds.
-            host_done.eq(head_host & ~(h_write & self.wb.valid)),
+            host_done.eq(head_host & ~self.host_hold & ~(h_write & self.wb.valid)),
             self.host_resp.valid.eq(host_done),
             self.host_resp.payload.ctx.eq(merged),
             pop.eq((self.resp.valid & self.resp.ready) | host_done),

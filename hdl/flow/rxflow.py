@@ -39,8 +39,10 @@ Design notes
   context, is never seen by the transport and cannot cause a DMA.
 * Non-RoCE frames skip the lookups and leave unchanged (``ann.roce`` = 0).
 * Both outputs leave from registers (timing in the core): the payload through the receive
-  buffer's output register, the record through a register behind ``recq``; ``ann`` and ``ctx``
-  come from the QP context store's queue registers.
+  buffer's output register; ``o_meta`` through a one-entry output
+  register (one clock; a packet every other clock at most) whose context follows ``wb`` like
+  the store's own copies. ``wb`` reaches the store a clock later, and a host operation on the
+  store waits while a packet is in that register.
 
 Ports
 -----
@@ -473,7 +475,9 @@ class RxFlowPipeline(wiring.Component):
             annq.r_en.eq(store.req.ready),
             annq_pop.eq(annq.r_rdy & store.req.ready),
         ]
-        wiring.connect(m, wiring.flipped(self.wb), store.wb)
+        # The consumer's write-back reaches the store a clock late, through flip-flops by the
+        # store: see the output stage below.
+        m.d.sync += [store.wb.valid.eq(self.wb.valid), store.wb.payload.eq(self.wb.payload)]
 
         # ------------------------------------------------------------ output: pass or drop
         # decq tells the gate, frame by frame, whether rxbuf's next frame goes out or is
@@ -498,18 +502,67 @@ class RxFlowPipeline(wiring.Component):
         m.d.comb += [rec_load.eq(~rec_valid | rec_take), recq.r_en.eq(rec_load)]
         with m.If(rec_load):
             m.d.sync += [rec_valid.eq(recq.r_rdy), rec.eq(recq.r_data)]
+        # Passed packets leave through a one-entry output register whose context follows the
+        # consumer's write-backs, as the store's own copies do: so the consumer still sees, in
+        # the clock after it takes a packet and writes it back, the next packet of that QP with
+        # the update. The store's pop and its ~500 load enables then depend on flip-flops of
+        # this block only, not on the consumer's take and write-back (from the transport's
+        # wb.valid across the die to the store's head it was 11.87 ns, 372 failing endpoints,
+        # routed on the ECPIX-5 core at 245eb29). The write-back reaches the store a clock late
+        # (registered above): what the store presents lacks that registered write-back and the
+        # live one, so both are applied on the way in. A host operation waits at the store's
+        # head while a packet ahead of it is here or its write-back is on the way
+        # (``host_hold``), so it still follows that write-back. One entry, loaded only while
+        # empty: a packet every other clock at most, and ``o_meta`` straight from flip-flops
+        # (the transport takes one in several clocks).
+        wb_fields = store.wb_fields
+
+        def follow(ctx, index, wb):
+            """``ctx`` (a Value) with the write-back ``wb`` applied when it is for ``index``."""
+            hit = wb.valid & (wb.payload.index == index)
+            new = wb.payload.ctx.as_value()
+            parts, pos = [], 0
+            for f in sorted(QP_CONTEXT.fields, key=lambda f: QP_CONTEXT.offsets[f.name]):
+                off, w = QP_CONTEXT.offsets[f.name], f.width
+                assert off == pos
+                part = ctx[off:off + w]
+                parts.append(Mux(hit, new[off:off + w], part) if f.name in wb_fields else part)
+                pos = off + w
+            assert pos == QP_CONTEXT.width
+            return Cat(*parts)
+
+        o_full = Signal()
+        o_ent = Signal(rx_meta_layout(IB, self.record_fields))
+        o_load = Signal()
+        m.d.comb += [
+            self.o_meta.valid.eq(o_full),
+            self.o_meta.payload.eq(o_ent),
+            store.host_hold.eq(o_full | store.wb.valid),
+        ]
+        with m.If(o_load):
+            m.d.sync += [
+                o_full.eq(1),
+                o_ent.rec.eq(rec),
+                o_ent.ann.eq(r_ann),
+                o_ent.ctx.eq(follow(follow(store.resp.payload.ctx.as_value(),
+                                           store.resp.payload.index, store.wb),
+                                    store.resp.payload.index, self.wb)),
+            ]
+        with m.Else():
+            m.d.sync += o_ent.ctx.eq(follow(o_ent.ctx.as_value(), o_ent.ann.qp, self.wb))
+            with m.If(self.o_meta.ready):
+                m.d.sync += o_full.eq(0)
+        # A dropped frame too waits while a passed one is in the output register: the two
+        # outputs stay in frame order, never both valid in one clock.
         head = Signal()
-        m.d.comb += head.eq(store.resp.valid & rec_valid & decq_room)
+        m.d.comb += head.eq(store.resp.valid & rec_valid & decq_room & ~o_full)
         take = Signal()
         with m.If(r_ann.drop):
             m.d.comb += take.eq(head & self.dropped.ready)
         with m.Else():
-            m.d.comb += take.eq(head & self.o_meta.ready)
+            m.d.comb += take.eq(head)
         m.d.comb += [
-            self.o_meta.valid.eq(head & ~r_ann.drop),
-            self.o_meta.payload.rec.eq(rec),
-            self.o_meta.payload.ann.eq(r_ann),
-            self.o_meta.payload.ctx.eq(store.resp.payload.ctx),
+            o_load.eq(head & ~r_ann.drop),
             store.resp.ready.eq(take),
             rec_take.eq(take),
             decq.w_en.eq(take),
