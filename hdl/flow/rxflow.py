@@ -39,10 +39,11 @@ Design notes
   context, is never seen by the transport and cannot cause a DMA.
 * Non-RoCE frames skip the lookups and leave unchanged (``ann.roce`` = 0).
 * Both outputs leave from registers (timing in the core): the payload through the receive
-  buffer's output register; ``o_meta`` through a one-entry output
-  register (one clock; a packet every other clock at most) whose context follows ``wb`` like
-  the store's own copies. ``wb`` reaches the store a clock later, and a host operation on the
-  store waits while a packet is in that register.
+  buffer's output register; ``o_meta`` (the record from a register behind ``recq``, ``ann``
+  and ``ctx`` from the QP context store's queue registers) through a one-entry output register
+  (one clock; a packet every other clock at most) whose context follows ``wb`` like the
+  store's own copies. ``wb`` reaches the store a clock later, and a host operation on the store
+  waits while a packet is in that register.
 
 Ports
 -----
