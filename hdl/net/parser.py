@@ -27,7 +27,8 @@ checked, so the verdict travels with it. Stage B's output goes through three reg
 advance together with a two-register ICRC pipeline (the beat's lane controls, then the ICRC
 word: the masked stream delayed by ``(-end) mod B`` bytes so that the ICRC ends a word), so the
 ICRC is complete when the frame's last beat reaches the output; the opcode-dependent late
-checks are made there too, from the decision.
+checks are made there too, from the decision. The output register has a skid register behind
+it, so ``o.ready`` reaches only those two: the pipeline advances while the skid is empty.
 
 Ports:
   ``i``       in   stream of beats (data, keep, last): Ethernet frames without FCS.
@@ -248,8 +249,9 @@ class Parser(wiring.Component):
         data_depth = 1 << (NW + 8 - 1).bit_length()
         rec_depth = 16     # LUT RAM is 16 deep: 16 entries cost what 8 did
         m.submodules.data_fifo = data_fifo = SyncFIFOBuffered(width=beat.size, depth=data_depth)
-        m.submodules.dec_fifo = dec_fifo = SyncFIFOBuffered(width=Decision.as_shape().size,
-                                                            depth=rec_depth)
+        dec_w = Decision.as_shape().size
+        # each decision goes with the flags of its ``pe`` (see ``rem_flags`` in stage B)
+        m.submodules.dec_fifo = dec_fifo = SyncFIFOBuffered(width=dec_w + B + 1, depth=rec_depth)
         m.submodules.rec_fifo = rec_fifo = SyncFIFOBuffered(width=max(1, rec.size),
                                                             depth=rec_depth)
 
@@ -568,13 +570,20 @@ class Parser(wiring.Component):
         m.d.sync += d4_valid.eq(d3_valid)
         with m.If(d3_valid):
             m.d.sync += dec.eq(dec_c)
+
+        def rem_flags(rem, ahead=0):
+            """Stage B's flags of a remaining payload count ``rem - ahead``: for each lane b
+            whether the count is > b (the beat's keep), and whether it is <= B (the frame's
+            last payload beat)."""
+            return Cat(*(rem > ahead + b for b in range(B)), rem <= ahead + B)
+
         m.d.comb += [
             dec_fifo.w_en.eq(d4_valid),
-            dec_fifo.w_data.eq(dec),
+            dec_fifo.w_data.eq(Cat(dec, rem_flags(dec.pe))),
         ]
 
         # ---------------------------------------------------------------- stage B: stream
-        d = Decision(dec_fifo.r_data)
+        d = Decision(dec_fifo.r_data[:dec_w])
         cur = Signal(beat)
         cur_valid = Signal()
         nxt = beat(data_fifo.r_data)
@@ -604,7 +613,15 @@ class Parser(wiring.Component):
         o4 = Signal(data.StructLayout({"beat": beat, "frame_len": MAX_FRAME_BITS,
                                        "payload_len": MAX_FRAME_BITS, "reason": DropReason}))
         o4_valid = Signal()
-        adv = ~o4_valid | self.o.ready
+        # o5: a skid register behind o4, so that the pipeline advances on a flip-flop of its
+        # own (``adv`` is "the skid is empty") and not on the consumer's ``ready``: that came
+        # from the receive flow's queue room, across the die, into the clock enables of every
+        # stage here and into the CRC register's logic (251 failing endpoints, -2.77 ns routed
+        # on the ECPIX-5 core at ec958a5). While the consumer stalls, the beat leaving o3 waits
+        # in o5 and o4 takes it when its own beat is taken; then the pipeline moves again.
+        o5 = Signal.like(o4)
+        o5_valid = Signal()
+        adv = ~o5_valid
 
         proc = cur_valid & dec_fifo.r_rdy & (cur.last | data_fifo.r_rdy) & adv
         load = (proc | ~cur_valid) & data_fifo.r_rdy
@@ -624,12 +641,20 @@ class Parser(wiring.Component):
         rem_next = Signal.like(remaining)
         b_first = Signal(init=1)    # b_idx == 0
         m.d.comb += remaining.eq(Mux(b_first, d.pe, rem_next))
+        # The compares of ``remaining`` that choose the beat's keep and whether it is the last
+        # payload beat come from flip-flops: the decision's, written with it into the FIFO, at
+        # a frame's first beat, then registered a beat ahead. Made on ``remaining`` itself they
+        # were a carry chain behind its multiplexer into the held beat (-2.61 ns routed on the
+        # ECPIX-5 core at ec958a5).
+        r_flags = Signal(B + 1)
+        flags = Signal(B + 1)
+        m.d.comb += flags.eq(Mux(b_first, dec_fifo.r_data[dec_w:], r_flags))
         shifted = materialize(
             m, Cat(cur.data, nxt.data).bit_select(shift * 8, B * 8) if lg else cur.data, "shifted")
         cand_keep = Signal(B)
-        m.d.comb += cand_keep.eq(Cat(*((remaining > b) for b in range(B))))
-        cand_emit = materialize(m, (b_idx >= first_beat) & (remaining > 0), "cand_emit")
-        cand_final = materialize(m, remaining <= B, "cand_final")
+        m.d.comb += cand_keep.eq(flags[:B])
+        cand_emit = materialize(m, (b_idx >= first_beat) & flags[0], "cand_emit")
+        cand_final = materialize(m, flags[B], "cand_final")
 
         # ICRC: the data-independent lane controls come with each beat into c2; c3 holds the
         # ICRC word, the masked stream delayed by k = (-end) mod B bytes so that the ICRC's
@@ -702,7 +727,8 @@ class Parser(wiring.Component):
         ]
 
         with m.If(proc):
-            m.d.sync += [icrc_rx.eq(icrc_next), rem_next.eq(remaining - B)]
+            m.d.sync += [icrc_rx.eq(icrc_next), rem_next.eq(remaining - B),
+                         r_flags.eq(rem_flags(remaining, B))]
             with m.If(cur.last):
                 m.d.sync += [b_idx.eq(0), b_first.eq(1), fin_valid.eq(0)]
             with m.Else():
@@ -712,8 +738,7 @@ class Parser(wiring.Component):
         m.d.comb += dec_fifo.r_en.eq(proc & cur.last)
 
         with m.If(adv):
-            m.d.sync += [o1_valid.eq(proc & emit), o2_valid.eq(o1_valid), o3_valid.eq(o2_valid),
-                         o4_valid.eq(o3_valid)]
+            m.d.sync += [o1_valid.eq(proc & emit), o2_valid.eq(o1_valid), o3_valid.eq(o2_valid)]
         with m.If(proc & emit):
             m.d.sync += o1.beat.eq(out)
             with m.If(cur.last):
@@ -742,9 +767,29 @@ class Parser(wiring.Component):
             m.d.comb += verdict.eq(DropReason.ICRC)
         with m.Else():
             m.d.comb += verdict.eq(o3.late)
-        with m.If(adv & o3_valid):
-            m.d.sync += [o4.beat.eq(o3.beat), o4.frame_len.eq(o3.frame_len),
-                         o4.payload_len.eq(o3.payload_len), o4.reason.eq(verdict)]
+        o3_out = Signal.like(o4)
+        m.d.comb += [o3_out.beat.eq(o3.beat), o3_out.frame_len.eq(o3.frame_len),
+                     o3_out.payload_len.eq(o3.payload_len), o3_out.reason.eq(verdict)]
+        # The record FIFO's head is popped a clock after the frame's last beat has left (from
+        # a flip-flop, not from the consumer's ``ready``: its output register's enables were
+        # 100 of the endpoints above). Until the next head is out, a last beat waits in o4.
+        pop = Signal()
+        take = Signal()
+        m.d.comb += [
+            self.o.valid.eq(o4_valid & ~(pop & o4.beat.last)),
+            take.eq(self.o.valid & self.o.ready),
+            rec_fifo.r_en.eq(pop),
+        ]
+        m.d.sync += pop.eq(take & o4.beat.last)
+        o3_go = adv & o3_valid     # o3's beat moves on (into o4, or o5 when o4 stays)
+        with m.If(~o4_valid | take):
+            m.d.sync += o4_valid.eq(o5_valid | o3_go)
+            with m.If(o5_valid):
+                m.d.sync += [o4.eq(o5), o5_valid.eq(0)]
+            with m.Elif(o3_go):
+                m.d.sync += o4.eq(o3_out)
+        with m.Elif(o3_go):
+            m.d.sync += [o5.eq(o3_out), o5_valid.eq(1)]
         late_fields = {"frame_len": o4.frame_len, "payload_len": o4.payload_len,
                        "drop": o4.reason != DropReason.NONE, "reason": o4.reason}
         # the record at the FIFO's head, the extension headers placed by opcode
@@ -757,12 +802,10 @@ class Parser(wiring.Component):
                 head.update({f"{hname}_{fname}": v
                              for fname, v in unpack_header(h, lanes).items()})
         m.d.comb += [
-            self.o.valid.eq(o4_valid),
             self.o.payload.eq(o4.beat),
             *(self.o_meta[name].eq(head[name]) for name in out_l.members if name in head),
             *(self.o_meta[name].eq(late_fields[name]) for name in LATE_FIELDS
               if name in out_l.members),
-            rec_fifo.r_en.eq(self.o.valid & self.o.ready & o4.beat.last),
         ]
         return m
 
