@@ -18,13 +18,13 @@ a block RAM's slow unregistered output (5.8 ns on a speed-6 ECP5) reaches a flip
 same slice before any logic sees it; the memory's own output latch, held while its read enable
 is low, serves as the second entry, so throughput stays one beat per clock. ``reg_flags``
 (default False): the full and empty-of-committed compares come from flip-flops (computed from
-the next pointers; the same behaviour), for an input handshake and read enable that start at
-registers.
+the next pointers), for an input handshake and read enable that start at registers; the full
+flag then sees a read a clock late (the writer may wait one clock more on a full FIFO).
 Throughput: one beat per clock in and out. Latency: a committed frame's first beat is on ``o``
 2 cycles after its last beat was written (3 with ``out_reg``).
 """
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -68,16 +68,24 @@ class PacketFifo(wiring.Component):
         # input's decisions arrive late (the MAC's FCS verdict drops a frame) the next-pointer
         # compare is the longer path, so the default compares the registered pointers
         # (Colorlight shell, speed 6: eth_rx 133.7 MHz so, 104.6 with the registered flags).
+        # Everything stored belongs to the frame still being written: nothing can drain, so a
+        # full FIFO means this frame is too long. Accept and discard the rest of it. (Full and
+        # nothing committed left to read is the same as wp - cp == D: the write side alone.)
         if self.reg_flags:
+            # ``full`` takes the read pointer as it stands, not ``rp_n``: an entry read frees
+            # for the writer a clock later (so a full FIFO drained at one beat per clock still
+            # takes one per clock), and the reader's handshake stays out of the writer's flags
+            # (from the pass/drop queue through the receive buffer's read enable and pointer
+            # increment into ``full`` it was -2.88 ns routed on the ECPIX-5 core at ec958a5).
+            # wp_n - rp never exceeds D: a write needs ``~full``, which bounds wp - (an older rp).
             full = Signal()
+            stuck = Signal()
             at_commit = Signal(init=1)
-            m.d.sync += [full.eq((wp_n ^ rp_n) == D), at_commit.eq(rp_n == cp_n)]
+            m.d.sync += [full.eq((wp_n ^ rp) == D), stuck.eq((wp_n ^ cp_n) == D)]
         else:
             full = (wp ^ rp) == D
             at_commit = rp == cp
-        # Everything stored belongs to the frame still being written: nothing can drain, so a
-        # full FIFO means this frame is too long. Accept and discard the rest of it.
-        stuck = full & at_commit
+            stuck = full & at_commit
         overflow = Signal()
 
         accept = self.i.valid & self.i.ready
@@ -119,6 +127,9 @@ class PacketFifo(wiring.Component):
             rd.en.eq(fetch),
             rp_n.eq(rp + fetch),
         ]
+        if self.reg_flags:
+            # both compares made without ``fetch``, which only chooses between them
+            m.d.sync += at_commit.eq(Mux(fetch, (rp + 1)[:aw + 1] == cp_n, rp == cp_n))
         with m.If(advance):
             m.d.sync += o_valid.eq(fetch)
         return m

@@ -109,6 +109,17 @@ def resp_layout():
     return data.StructLayout({"data": MR_ENTRY.width})
 
 
+def _below(index, n):
+    """``index < n``; for a power of two n, as "the bits from log2(n) up are zero" (a few LUTs)
+    rather than a carry chain: Yosys keeps the chain, and on the command's take into the write
+    enables and the read ports' bypass registers it was -1.38 ns routed on the ECPIX-5 core at
+    ec958a5."""
+    if n & (n - 1) == 0:
+        b = (n - 1).bit_length()
+        return index[b:] == 0
+    return index < n
+
+
 class MrProtection(wiring.Component):
     """The MR table and its check pipelines; see the module docstring for ports and semantics."""
 
@@ -161,8 +172,8 @@ class MrProtection(wiring.Component):
         m.d.comb += [
             cmd.ready.eq(busy == 0),
             take.eq(cmd.valid & cmd.ready),
-            in_entries.eq(cmd.payload.index < self.entries),
-            in_pages.eq(cmd.payload.index < self.pages),
+            in_entries.eq(_below(cmd.payload.index, self.entries)),
+            in_pages.eq(_below(cmd.payload.index, self.pages)),
         ]
         # One address for the read and the write port of each memory: one RAM port.
         entry_addr = Signal(range(self.entries))
