@@ -336,9 +336,12 @@ class RcTransport(wiring.Component):
         tick_cnt = Signal(24)
         tick = Signal()
         m.d.comb += tick.eq(tick_cnt + 1 >= csr.tick_cycles)
-        now_next = Signal(32)       # now in the next clock
-        m.d.comb += now_next.eq(now + tick)
-        m.d.sync += now.eq(now_next)
+        # now + 1 is kept beside now (now_p1), so a tick only selects it: the tick's compare no
+        # longer feeds now's 32-bit adder (tick_cnt -> now: 10 LUT levels out of context at
+        # ec958a5, the block's deepest path).
+        now_p1 = Signal(32, init=1)
+        with m.If(tick):
+            m.d.sync += [now.eq(now_p1), now_p1.eq(now_p1 + 1)]
         with m.If(tick):
             m.d.sync += tick_cnt.eq(0)
         with m.Else():
@@ -603,11 +606,25 @@ class RcTransport(wiring.Component):
         # stage uses them
         mtu_shift = Signal(4)      # of the QP at hand (requester: txc copy)
         m.d.sync += mtu_shift.eq(c.pmtu + 7)
+        pmtu = Signal(3)            # (mtu_shift - 7)
+        m.d.sync += pmtu.eq(c.pmtu)
+        assert len(c.pmtu) == 3
+
+        def shl_mtu(x, name):
+            """(x << mtu_shift)[:32], a case per value of pmtu (mtu_shift = pmtu + 7): a
+            multiplexer by 3 flip-flops rather than a 4-level shifter by mtu_shift (psn_r ->
+            rc_off: 27 failing endpoints, -1.65 ns routed on the ECPIX-5 core at ec958a5)."""
+            r = Signal(32, name=name)
+            with m.Switch(pmtu):
+                for k in range(8):
+                    with m.Case(k):
+                        m.d.comb += r.eq((x << (k + 7))[:32])
+            return r
         mtu = Signal(14)
         m.d.sync += mtu.eq(1 << (c.pmtu + 7)[:4])
 
-        def npkts(length, shift, *, lm1_zero=None):
-            """max(1, ceil(length / 2**shift)) for shift 8..12. ``lm1_zero``: (length - 1,
+        def npkts_m1(length, shift, *, lm1_zero=None):
+            """max(1, ceil(length / 2**shift)) - 1 for shift 8..12. ``lm1_zero``: (length - 1,
             length == 0) when the caller has them cheaper than from ``length``."""
             # ceil(length / 2**sh) = ((length - 1) >> sh) + 1 for length >= 1; a shift out of
             # range (no case) gives 1 as before
@@ -620,7 +637,11 @@ class RcTransport(wiring.Component):
                 for sh in range(8, 13):
                     with m.Case(sh):
                         m.d.comb += q.eq(lm1 >> sh)
-            return Mux(lm1_zero[1], 1, q + 1)
+            return Mux(lm1_zero[1], 0, q)
+
+        def npkts(length, shift, *, lm1_zero=None):
+            """max(1, ceil(length / 2**shift)) for shift 8..12 (as ``npkts_m1``)."""
+            return npkts_m1(length, shift, lm1_zero=lm1_zero) + 1
 
         outstanding = Signal(24)
         m.d.comb += outstanding.eq(s.npsn - s.una)
@@ -655,6 +676,17 @@ class RcTransport(wiring.Component):
 
         def disarm_timer(fire):
             return [tmr_wr.en.eq(fire), tmr_wr.data.eq(0)]
+
+        # The TIMEOUT event's check of its timer word (expired(t), exact): registered for now
+        # and now + 1 (t holds still from EVAL on), tick_d selects, as arm_dl. From now through
+        # the 32-bit compare into the timer write it was -1.03 ns routed on the ECPIX-5 core at
+        # ec958a5 (now -> tmr_wr_p__data: 20 failing endpoints).
+        t_exp0 = Signal()
+        t_exp1 = Signal()
+        m.d.sync += [t_exp0.eq(t.armed & ((now - t.deadline)[31] == 0)),
+                     t_exp1.eq(t.armed & ((now_p1 - t.deadline)[31] == 0))]
+        t_expired = Signal()
+        m.d.comb += t_expired.eq(Mux(tick_d, t_exp1, t_exp0))
 
         # --- responder decision (combinational, used in EVAL for request packets)
         op = rec.bth_opcode
@@ -837,9 +869,25 @@ class RcTransport(wiring.Component):
         m.d.comb += rnr_dl.eq(Mux(tick_d, rnr_dl1, rnr_dl0))
         ack_none = Signal()
         m.d.comb += ack_none.eq(~(resp_is_ack & (syn[5:8] == 0)) & (p_una == 0))
+        # The rest of what CHK2, DO and WALK decide on from the packet, registered as psn (valid
+        # from LOAD): the opcode's kind with ann.roce, the ACK opcode, the known syndromes, AckReq.
+        # From the record's flip-flops in the receive pipeline through the decision to the mover
+        # queue's enables it was -2.01 ns routed on the ECPIX-5 core at ec958a5 (bth_opcode ->
+        # wissued1, pd_wd.wtag; 16 endpoints, and ev_state).
+        req_r = Signal()            # a RoCE request (is_req & ann.roce)
+        resp_r = Signal()           # a RoCE response (is_resp & ann.roce)
+        ack_r = Signal()            # ACKNOWLEDGE
+        cnp_r = Signal()            # a CNP (the reaction point takes it)
         syn_known = Signal()        # ACK, RNR NAK or NAK; reserved syndromes are ignored
-        m.d.comb += syn_known.eq((op != O.ACKNOWLEDGE) | (syn[5:8] == Syndrome.ACK)
-                                 | (syn[5:8] == Syndrome.RNR_NAK) | (syn[5:8] == Syndrome.NAK))
+        ackreq_r = Signal()
+        syn_c = rec.aeth_syndrome
+        m.d.sync += [
+            req_r.eq(is_req & meta.ann.roce), resp_r.eq(is_resp & meta.ann.roce),
+            ack_r.eq(op == O.ACKNOWLEDGE), cnp_r.eq(op == CNP_OPCODE),
+            syn_known.eq((op != O.ACKNOWLEDGE) | (syn_c[5:8] == Syndrome.ACK)
+                         | (syn_c[5:8] == Syndrome.RNR_NAK) | (syn_c[5:8] == Syndrome.NAK)),
+            ackreq_r.eq(rec.bth_ackreq),
+        ]
         resp_valid = Signal()       # registered (s and the packet hold still from GOT to DO)
         m.d.sync += resp_valid.eq(p_una < sent_span)
         # The walk's checks, registered every clock: stage A from s and the packet, stage B from
@@ -993,7 +1041,7 @@ class RcTransport(wiring.Component):
         m.d.comb += ahead_b.eq(psn + 1 - s.npsn)
         m.d.sync += [
             # stage 1
-            rc.off.eq(((psn - w.first_psn)[:24] << mtu_shift)[:32]),
+            rc.off.eq(shl_mtu((psn - w.first_psn)[:24], "rc_off_c")),
             rc.at_una.eq(psn == s.una),
             rc.psn1.eq(psn + 1),
             rc.moved_a.eq(s.una != una0),
@@ -1002,14 +1050,14 @@ class RcTransport(wiring.Component):
             rc.cur_ne.eq(s.sq_cur != s.sq_head),            # the "more work" tests
             rc.tail_ne.eq(s.sq_tail != s.sq_head),
             rc.tail1_ne.eq((s.sq_tail + 1)[:len(s.sq_tail)] != s.sq_head),
-            rc.cur_off_a.eq(((s.una - w.first_psn)[:24] << mtu_shift)[:32]),
+            rc.cur_off_a.eq(shl_mtu((s.una - w.first_psn)[:24], "rc_cur_off_a_c")),
             rc.idle_a.eq(s.una == s.npsn),
             rc.plen_mtu.eq(plen == mtu),
             # stage 2
             rc.rem.eq(w.length - rc.off),
             rc.offnz.eq(rc.off != 0),
             rc.moved_b.eq(rc.psn1 != una0),
-            rc.cur_off_b.eq(((rc.psn1 - w.first_psn)[:24] << mtu_shift)[:32]),
+            rc.cur_off_b.eq(shl_mtu((rc.psn1 - w.first_psn)[:24], "rc_cur_off_b_c")),
             rc.idle_b.eq(rc.psn1 == s.npsn),
             rc.plen_rem.eq(plen == w.length - rc.off),
             # stage 3 (packet, w and c only)
@@ -1024,7 +1072,8 @@ class RcTransport(wiring.Component):
         ]
 
         # --- SEND: registered every clock from s, w and c (valid in DO after CHK1/CHK2)
-        sd = _regs("sd", (("can", 1), ("rem", 32), ("f", 1), ("rd_n", 24), ("out", 24),
+        sd = _regs("sd", (("rem", 32), ("f", 1), ("rd_q", 24), ("rd_wrap", 1),
+                            ("out", 24), ("out_nz", 1),
                             ("va", 64), ("addr", 64), ("off_mtu", 32), ("mark", 1),
                             ("after", 25), ("after_ge", 1), ("new_npsn", 24), ("hp_diff", 24),
                             ("lst", 1), ("last", 24), ("cur_ne", 1), ("cur1_ne", 1)))
@@ -1035,18 +1084,49 @@ class RcTransport(wiring.Component):
         m.d.comb += sd_rd.eq(w.opcode == WrOpcode.RDMA_READ)
         sd_mask = Signal(16)
         m.d.comb += sd_mask.eq((Const(1, 17) << csr.ackreq_shift)[:16] - 1)
-        sd_consumed = Signal(24)
-        m.d.comb += sd_consumed.eq(Mux(sd_rd, sd.rd_n, 1))
+        # The READ's packet count rd_n (the rest of the WQE) is registered less one (rd_q), and
+        # whether it wraps to 0 in 24 bits (rd_wrap: 2**24 packets, only at a 256-byte MTU):
+        # stage 1 then ends at the shift after the subtraction, without the + 1's carry chain
+        # (s.cur_off -> sd_rd_n: 47 failing endpoints, -2.13 ns routed on the ECPIX-5 core at
+        # ec958a5, its first net 59 tiles). Stage 2 adds the one as the carry into its sums
+        # (consumed = rd_n for a READ, else 1: x + consumed = x + sd_b + sd_c).
+        sd_lm1 = Signal(32)         # w.length - cur_off - 1 (+ ~cur_off: one carry chain)
+        sd_l0 = Signal()
+        m.d.comb += [sd_lm1.eq((w.length + ~s.cur_off)[:32]), sd_l0.eq(w.length == s.cur_off)]
+        sd_b = Signal(24)
+        sd_c = Signal()
+        m.d.comb += [sd_b.eq(Mux(sd_rd & ~sd.rd_wrap, sd.rd_q, 0)),
+                     sd_c.eq(~(sd_rd & sd.rd_wrap))]
+
+        def plus_consumed(x):
+            """x + consumed in len(x) + 1 bits, one carry chain (sd_c the carry in)."""
+            return (Cat(sd_c, x) + Cat(Const(1, 1), sd_b))[1:len(x) + 2]
+
+        sd_after_c = Signal(25)
+        m.d.comb += sd_after_c.eq(plus_consumed(sd.out))
+        sd_new_npsn_c = Signal(24)
+        m.d.comb += sd_new_npsn_c.eq(plus_consumed(s.npsn))
+        # send_go: the SEND event sends (DO, and it can: ~err, ~rnr_wait, sq_cur != sq_head,
+        # npsn - una < window, RTS), a flip-flop set in CHK2 with do_ev. txq's write enable and
+        # the sent report take it: gated by in_do and a compare of ev, the write enable ran to
+        # the load enables of txq's ~430-bit output register (in_do -> txq r_data: 22 failing
+        # endpoints, -1.21 ns routed on the ECPIX-5 core at ec958a5, and on into the builder).
+        sd_can_c = Signal()
+        m.d.comb += sd_can_c.eq(~s.err & ~s.rnr_wait & (s.sq_cur != s.sq_head)
+                                & (outstanding < csr.window) & (c.state == QpState.RTS))
+        send_go = Signal()
+        m.d.sync += send_go.eq(0)       # (CHK2 sets it for the DO clock; SEND's DO lasts one)
         m.d.sync += [
             # stage 1
-            sd.can.eq(~s.err & ~s.rnr_wait & (s.sq_cur != s.sq_head)
-                      & (outstanding < csr.window) & (c.state == QpState.RTS)),
             sd.rem.eq(sd_rem_c),
             sd.f.eq(s.cur_off == 0),
             # (length - cur_off - 1 = length + ~cur_off for equal widths: one carry chain)
-            sd.rd_n.eq(npkts(sd_rem_c, mtu_shift,
-                             lm1_zero=((w.length + ~s.cur_off)[:32], w.length == s.cur_off))),
+            sd.rd_q.eq(npkts_m1(sd_rem_c, mtu_shift, lm1_zero=(sd_lm1, sd_l0))),
+            sd.rd_wrap.eq((mtu_shift == 8) & (sd_lm1[8:] == 0xFFFFFF) & ~sd_l0),
             sd.out.eq(outstanding),
+            # (TIMEOUT's test, in DO: from s through the subtraction into the FSM's next state
+            # it was 8.6 LUT levels out of context)
+            sd.out_nz.eq(s.npsn != s.una),
             sd.va.eq(w.raddr + s.cur_off),
             sd.addr.eq(w.laddr + s.cur_off),
             sd.off_mtu.eq(s.cur_off + mtu),
@@ -1055,11 +1135,11 @@ class RcTransport(wiring.Component):
             sd.cur1_ne.eq((s.sq_cur + 1)[:len(s.sq_cur)] != s.sq_head),
             # stage 2
             sd.lst.eq(sd_rd | (sd.rem <= mtu)),
-            sd.after.eq(sd.out + sd_consumed),
-            sd.after_ge.eq((sd.out + sd_consumed) >= csr.window),
-            sd.new_npsn.eq(s.npsn + sd_consumed),
-            sd.hp_diff.eq(s.npsn + sd_consumed - s.hpsn),
-            sd.last.eq(s.npsn + sd.rd_n - 1),    # the WQE's last PSN (first packet: rem = length)
+            sd.after.eq(sd_after_c),
+            sd.after_ge.eq(sd_after_c >= csr.window),
+            sd.new_npsn.eq(sd_new_npsn_c),
+            sd.hp_diff.eq(sd_new_npsn_c - s.hpsn),
+            sd.last.eq(s.npsn + sd.rd_q),    # the WQE's last PSN (first packet: rem = length)
         ]
 
         # ns_af: AFTER's go-back-N rewind (npsn = una, sq_cur = sq_tail, cur_off of una in the
@@ -1122,7 +1202,20 @@ class RcTransport(wiring.Component):
         GO_STAY, GO_IDLE, GO_WALK, GO_AFTER = range(4)
         do_go = Signal(2)           # where DO goes next (its decision, below the FSM)
         in_do = Signal()            # the FSM is in DO
+        # do_ev: in_do split by event, one flip-flop each (set with in_do in CHK2, from ev):
+        # DO's decisions are gated by their own event's flip-flop rather than by in_do and a
+        # compare of ev (ev -> ns_do_r: 84 failing endpoints, -1.40 ns routed on the ECPIX-5
+        # core at ec958a5; the compares' outputs fanned out over the whole decision).
+        do_ev = {e: Signal(name=f"do_{e.name.lower()}") for e in _Ev}
         in_flush = Signal()         # the FSM is in FLUSH (set on the way in, like in_do)
+        # AFTER_RX decides outside the FSM too, under in_arx (set on the way in, like in_do);
+        # arx_done says where it goes next (IDLE, else AFTER). Its decision (the state word
+        # ns_resp above all) then starts at one flip-flop rather than at a compare of the
+        # FSM's state register (rc_moved_b -> ns_oth_r: 25 failing endpoints, -0.99 ns routed on
+        # the ECPIX-5 core at ec958a5; from the state register it was 8.6 LUT levels
+        # out of context).
+        in_arx = Signal()
+        arx_done = Signal()
         # w loads in EVAL, WALK_LD and FLUSH_LD: on a flip-flop set on the way in (w_ld), not on
         # a compare of the state register (ev_state -> w's ~200 enables: 84 failing endpoints,
         # -1.71 ns, routed on the ECPIX-5 core at 245eb29).
@@ -1186,9 +1279,10 @@ class RcTransport(wiring.Component):
                 m.d.sync += qs_src.eq(Mux(ev == _Ev.TIMEOUT, SRC_REWIND, SRC_DO))
                 # a request packet waits here for room in pdq, mvq and invq (registered: DO
                 # pushes a clock later, and neither CHK1 nor CHK2 pushes)
-                with m.If((ev != _Ev.RX) | ~(dec_r["is_req"] & ann.roce)
+                with m.If((ev != _Ev.RX) | ~req_r
                           | (pdq_room & mvq_room & invq_room)):
-                    m.d.sync += in_do.eq(1)
+                    m.d.sync += [in_do.eq(1), *(do_ev[e].eq(ev == e) for e in _Ev),
+                                 send_go.eq((ev == _Ev.SEND) & sd_can_c)]
                     m.next = "DO"
 
             with m.State("DO"):
@@ -1197,7 +1291,8 @@ class RcTransport(wiring.Component):
                     for go, state in ((GO_IDLE, "IDLE"), (GO_WALK, "WALK"), (GO_AFTER, "AFTER")):
                         with m.Case(go):
                             m.next = state
-                m.d.sync += in_do.eq(do_go == GO_STAY)
+                m.d.sync += [in_do.eq(do_go == GO_STAY),
+                             *(do_ev[e].eq(do_ev[e] & (do_go == GO_STAY)) for e in _Ev)]
 
 
             # ---------------------------------------------------- send-queue walk (responses)
@@ -1217,7 +1312,7 @@ class RcTransport(wiring.Component):
                     # An ACK/NAK past a READ whose responses are missing: they were lost, resend
                     # from una (once until progress: later ACKs in flight say the same). A READ
                     # response past it: out of sequence, dropped.
-                    m.d.sync += after.eq(Mux((op == O.ACKNOWLEDGE) & ~s.lost_rd, A_LOSTREAD, A_NONE))
+                    m.d.sync += after.eq(Mux(ack_r & ~s.lost_rd, A_LOSTREAD, A_NONE))
                     m.next = "RX_CHK1"
                 with m.Elif(covered):
                     with m.If(pdq_room):
@@ -1230,10 +1325,10 @@ class RcTransport(wiring.Component):
                         m.next = "WALK_LD"
                 with m.Else():
                     # The response ends inside this WQE (or nothing is left to complete).
-                    with m.If(~wk.ack_none & ~unsent & ~is_rd & (op == O.ACKNOWLEDGE)
+                    with m.If(~wk.ack_none & ~unsent & ~is_rd & ack_r
                               & wk.lt_sent):       # walk_span < sent_span
                         m.d.sync += s.una.eq(walk_to + 1)
-                    with m.If(op == O.ACKNOWLEDGE):
+                    with m.If(ack_r):
                         with m.Switch(syn[5:8]):
                             with m.Case(Syndrome.ACK):
                                 m.d.sync += after.eq(A_ACK)
@@ -1272,9 +1367,15 @@ class RcTransport(wiring.Component):
                 m.d.sync += qs_src.eq(SRC_RESP)
                 # AFTER_RX pushes pdq and mvq: wait here for room (registered, as in CHK2)
                 with m.If(pdq_room & mvq_room):
+                    m.d.sync += in_arx.eq(1)
                     m.next = "AFTER_RX"
             with m.State("AFTER_RX"):
-                self._after_rx(m, locals())
+                # (the decision itself is made outside the FSM, below, under in_arx)
+                m.d.sync += in_arx.eq(0)
+                with m.If(arx_done):
+                    m.next = "IDLE"
+                with m.Else():
+                    m.next = "AFTER"
 
             # ---------------------------------------------------- rewind or fatal
             with m.State("AFTER"):
@@ -1318,125 +1419,163 @@ class RcTransport(wiring.Component):
         # chosen by a flip-flop (in_flush): from the FSM's state register through the state
         # compares to the entry's CQE it was -4.10 ns routed on the ECPIX-5 core at 245eb29.
         with m.If(~in_do):
-            m.d.comb += [pde.has_cqe.eq(1),
-                         *cqe_for_wqe(pde.cqe, w, Mux(in_flush, Mux(flushing,
-                                                                    WcStatus.WR_FLUSH_ERR,
-                                                                    fatal_status),
-                                                      WcStatus.SUCCESS))]
+            m.d.comb += pde.has_cqe.eq(1)
+
+        # ---------------------------------------------------- the pdq entry's completion
+        # Likewise the completion in every entry, whatever the decision (pdq's consumers read
+        # it only with has_cqe, which the decisions set): w's outside DO (above), and in DO the
+        # one its event makes, chosen by the event's flip-flop (do_ev) and, for a received
+        # packet, by registered flags (rs.over: the receive WQE completes in error, else it was
+        # accepted; the opcode decode). Chosen inside the decision, from the QP state through
+        # it into the completion it was -1.31 ns routed on the ECPIX-5 core at ec958a5
+        # (ns_do_r -> pde_r.cqe: 49 failing endpoints; is_send_r -> pde_r.cqe.byte_len: 25).
+        cqe_l = struct_layout(COMPLETION)
+        cqe_w, cqe_rx, cqe_post, cqe_recv = (Signal(cqe_l, name=f"cqe_{n}")
+                                             for n in ("w", "rx", "post", "recv"))
+        m.d.comb += cqe_for_wqe(cqe_w, w, Mux(in_flush, Mux(flushing, WcStatus.WR_FLUSH_ERR,
+                                                            fatal_status),
+                                              WcStatus.SUCCESS))
+        wq_po = Signal(wqe_l)       # (POST: a work request that fails completes at once)
+        m.d.comb += [wq_po.opcode.eq(wrq.opcode), wq_po.wr_id.eq(wrq.wr_id),
+                     wq_po.length.eq(wrq.length)]
+        m.d.comb += cqe_for_wqe(cqe_post, wq_po, po_status)
+        m.d.comb += [       # (RECV: a receive request rejected)
+            cqe_recv.qp.eq(qp), cqe_recv.is_recv.eq(1),
+            cqe_recv.status.eq(Mux(c.state == QpState.ERROR, WcStatus.WR_FLUSH_ERR,
+                                   WcStatus.LOC_QP_OP_ERR)),
+            cqe_recv.opcode.eq(WcOpcode.RECV), cqe_recv.wr_id.eq(rrq.wr_id),
+        ]
+        # RX: a SEND too long for the receive buffer (rs.over: LOC_LEN_ERR, no length, no
+        # immediate), or an accepted SEND LAST/ONLY or WRITE with immediate
+        rx_ok = ~rs.over
+        m.d.comb += [
+            cqe_rx.qp.eq(qp), cqe_rx.is_recv.eq(1),
+            cqe_rx.status.eq(Mux(rs.over, WcStatus.LOC_LEN_ERR, WcStatus.SUCCESS)),
+            cqe_rx.opcode.eq(Mux(R_is_write, WcOpcode.RECV_RDMA_WITH_IMM, WcOpcode.RECV)),
+            cqe_rx.wr_id.eq(rqe.wr_id),
+            cqe_rx.byte_len.eq(Mux(rx_ok, Mux(R_is_write, Mux(R_only, rec.reth_dma_length,
+                                                              s.wlen),
+                                              send_total), 0)),
+            cqe_rx.has_imm.eq(rx_ok & dec_r["with_imm"]),
+            cqe_rx.has_inv.eq(rx_ok & dec_r["with_inv"]),
+            cqe_rx.imm.eq(Mux(rx_ok, Mux(dec_r["with_inv"], rec.ieth_rkey, rec.immdt_data), 0)),
+            cqe_rx.src_qpn.eq(Mux(rx_ok, ictx.remote_qpn, 0)),
+        ]
+        m.d.comb += pde.cqe.eq(Mux(do_ev[_Ev.RX], cqe_rx,
+                                   Mux(do_ev[_Ev.POST], cqe_post,
+                                       Mux(do_ev[_Ev.RECV], cqe_recv, cqe_w))))
 
         # ---------------------------------------------------- the deciding state (DO)
-        # Made outside the FSM, under in_do (a flip-flop that is set exactly while the FSM is
-        # in DO), so that every decision, the state word above all, is gated by one
-        # flip-flop rather than by a compare of the FSM's state register; do_go says where DO
-        # goes next (GO_STAY: it waits for room). From the state register through the
-        # decision to the state word it was 9 LUT levels, 12.6 ns routed on the ECPIX-5 core
-        # at 41d0b9a.
-        with m.If(in_do):
-            ns = ns_do
-            with m.Switch(ev):
-                # ------------------------------------------------ host wrote the context
-                with m.Case(_Ev.INIT):
-                    msk = init.mask
-                    wctx = init.ctx
-                    reset = Signal()
-                    m.d.comb += reset.eq(msk[QP_CONTEXT.index["state"]]
-                                         & ((wctx.state == QpState.RESET)
-                                            | (wctx.state == QpState.INIT)))
-                    with m.If(msk[QP_CONTEXT.index["sq_psn"]] | reset):
-                        m.d.comb += [
-                            ns.sq_head.eq(0), ns.sq_tail.eq(0), ns.sq_cur.eq(0),
-                            ns.cur_off.eq(0), ns.npsn.eq(wctx.sq_psn), ns.una.eq(wctx.sq_psn),
-                            ns.hpsn.eq(wctx.sq_psn),
-                            ns.retry_left.eq(wctx.retry_cnt), ns.rnr_left.eq(wctx.rnr_retry),
-                            ns.err.eq(0), ns.rnr_wait.eq(0), ns.lost_rd.eq(0),
-                            *disarm_timer(1),
-                        ]
-                    with m.If(msk[QP_CONTEXT.index["epsn"]] | reset):
-                        m.d.comb += [
-                            ns.rq_head.eq(0), ns.rq_tail.eq(0), ns.rq_off.eq(0),
-                            ns.nak_sent.eq(0), ns.in_msg.eq(_InMsg.NONE), ns.wcur.eq(0),
-                            ns.wrem.eq(0), ns.wlen.eq(0), ns.ack_cnt.eq(0),
-                        ]
-                    m.d.comb += [*write_state(ns), initq.r_en.eq(1)]
+        # Made outside the FSM, under do_ev (one flip-flop per event, set exactly while the FSM
+        # is in DO with that event), so that every decision, the state word above all, is
+        # gated by one flip-flop rather than by a compare of the FSM's state register (and of
+        # ev); do_go says where DO goes next (GO_STAY: it waits for room). From the state
+        # register through the decision to the state word it was 9 LUT levels, 12.6 ns routed
+        # on the ECPIX-5 core at 41d0b9a.
+        with m.If(in_arx):
+            self._after_rx(m, locals())
+
+        ns = ns_do
+        self._send_desc(m, locals())        # (the SEND event's packet, in every clock)
+        # ------------------------------------------------ host wrote the context
+        with m.If(do_ev[_Ev.INIT]):
+            msk = init.mask
+            wctx = init.ctx
+            reset = Signal()
+            m.d.comb += reset.eq(msk[QP_CONTEXT.index["state"]]
+                                 & ((wctx.state == QpState.RESET)
+                                    | (wctx.state == QpState.INIT)))
+            with m.If(msk[QP_CONTEXT.index["sq_psn"]] | reset):
+                m.d.comb += [
+                    ns.sq_head.eq(0), ns.sq_tail.eq(0), ns.sq_cur.eq(0),
+                    ns.cur_off.eq(0), ns.npsn.eq(wctx.sq_psn), ns.una.eq(wctx.sq_psn),
+                    ns.hpsn.eq(wctx.sq_psn),
+                    ns.retry_left.eq(wctx.retry_cnt), ns.rnr_left.eq(wctx.rnr_retry),
+                    ns.err.eq(0), ns.rnr_wait.eq(0), ns.lost_rd.eq(0),
+                    *disarm_timer(1),
+                ]
+            with m.If(msk[QP_CONTEXT.index["epsn"]] | reset):
+                m.d.comb += [
+                    ns.rq_head.eq(0), ns.rq_tail.eq(0), ns.rq_off.eq(0),
+                    ns.nak_sent.eq(0), ns.in_msg.eq(_InMsg.NONE), ns.wcur.eq(0),
+                    ns.wrem.eq(0), ns.wlen.eq(0), ns.ack_cnt.eq(0),
+                ]
+            m.d.comb += [*write_state(ns), initq.r_en.eq(1)]
+            m.d.comb += do_go.eq(GO_IDLE)
+
+        # ------------------------------------------------ received packet
+        with m.If(do_ev[_Ev.RX]):
+            with m.If(req_r):
+                # (pdq, mvq and invq have room: checked in CHK2)
+                m.d.comb += [rx_take.eq(1), mv_push.eq(1), *write_state(ns)]
+                self._respond(m, ns, pde, pd_push, mve, locals())
+                m.d.comb += do_go.eq(GO_IDLE)
+            with m.Elif(resp_r & (c.state == QpState.RTS) & ~s.err
+                        & resp_valid & syn_known):
+                m.d.sync += una0.eq(s.una)
+                m.d.comb += do_go.eq(GO_WALK)
+            with m.Else():
+                with m.If(mvq_room):
+                    m.d.comb += [rx_take.eq(1), mv_push.eq(1), mve.write.eq(0)]
+                    with m.If(resp_r):
+                        m.d.comb += csr.rx_stale_inc.eq(1)
+                    with m.Elif(cnp_r):
+                        pass    # the reaction point took it (stellar.hdl.cc)
+                    with m.Else():
+                        m.d.comb += csr.rx_drop_state_inc.eq(1)
                     m.d.comb += do_go.eq(GO_IDLE)
 
-                # ------------------------------------------------ received packet
-                with m.Case(_Ev.RX):
-                    with m.If(dec_r["is_req"] & ann.roce):
-                        # (pdq, mvq and invq have room: checked in CHK2)
-                        m.d.comb += [rx_take.eq(1), mv_push.eq(1), *write_state(ns)]
-                        self._respond(m, ns, pde, pd_push, mve, locals())
-                        m.d.comb += do_go.eq(GO_IDLE)
-                    with m.Elif(dec_r["is_resp"] & ann.roce & (c.state == QpState.RTS) & ~s.err
-                                & resp_valid & syn_known):
-                        m.d.sync += una0.eq(s.una)
-                        m.d.comb += do_go.eq(GO_WALK)
-                    with m.Else():
-                        with m.If(mvq_room):
-                            m.d.comb += [rx_take.eq(1), mv_push.eq(1), mve.write.eq(0)]
-                            with m.If(dec_r["is_resp"] & ann.roce):
-                                m.d.comb += csr.rx_stale_inc.eq(1)
-                            with m.Elif(rec.bth_opcode == CNP_OPCODE):
-                                pass    # the reaction point took it (stellar.hdl.cc)
-                            with m.Else():
-                                m.d.comb += csr.rx_drop_state_inc.eq(1)
-                            m.d.comb += do_go.eq(GO_IDLE)
+        # ------------------------------------------------ timer expiry
+        with m.If(do_ev[_Ev.TIMEOUT]):
+            with m.If(~t_expired | s.err):
+                m.d.comb += do_go.eq(GO_IDLE)      # stale scan result: the word changed since
+            with m.Elif(t.rnr):
+                m.d.comb += disarm_timer(1)
+                with m.If(s.rnr_wait):
+                    m.d.sync += [s.rnr_wait.eq(0), after.eq(A_REWIND)]
+                    m.d.comb += do_go.eq(GO_AFTER)
+                with m.Else():
+                    m.d.comb += do_go.eq(GO_IDLE)
+            with m.Elif(sd.out_nz):       # outstanding != 0
+                m.d.comb += [csr.timeouts_inc.eq(1), *disarm_timer(1)]
+                with m.If(s.retry_left == 0):
+                    m.d.sync += [fatal_status.eq(WcStatus.RETRY_EXC_ERR),
+                                 after.eq(A_FATAL)]
+                with m.Else():
+                    m.d.sync += [s.retry_left.eq(s.retry_left - 1), after.eq(A_REWIND)]
+                m.d.comb += do_go.eq(GO_AFTER)
+            with m.Else():
+                m.d.comb += disarm_timer(1)
+                m.d.comb += do_go.eq(GO_IDLE)
 
-                # ------------------------------------------------ timer expiry
-                with m.Case(_Ev.TIMEOUT):
-                    with m.If(~expired(t) | s.err):
-                        m.d.comb += do_go.eq(GO_IDLE)      # stale scan result: the word changed since
-                    with m.Elif(t.rnr):
-                        m.d.comb += disarm_timer(1)
-                        with m.If(s.rnr_wait):
-                            m.d.sync += [s.rnr_wait.eq(0), after.eq(A_REWIND)]
-                            m.d.comb += do_go.eq(GO_AFTER)
-                        with m.Else():
-                            m.d.comb += do_go.eq(GO_IDLE)
-                    with m.Elif(outstanding != 0):
-                        m.d.comb += [csr.timeouts_inc.eq(1), *disarm_timer(1)]
-                        with m.If(s.retry_left == 0):
-                            m.d.sync += [fatal_status.eq(WcStatus.RETRY_EXC_ERR),
-                                         after.eq(A_FATAL)]
-                        with m.Else():
-                            m.d.sync += [s.retry_left.eq(s.retry_left - 1), after.eq(A_REWIND)]
-                        m.d.comb += do_go.eq(GO_AFTER)
-                    with m.Else():
-                        m.d.comb += disarm_timer(1)
-                        m.d.comb += do_go.eq(GO_IDLE)
+        # ------------------------------------------------ send one packet
+        with m.If(do_ev[_Ev.SEND]):
+            self._send(m, ns, locals())
 
-                # ------------------------------------------------ send one packet
-                with m.Case(_Ev.SEND):
-                    self._send(m, ns, locals())
+        # ------------------------------------------------ post a work request
+        with m.If(do_ev[_Ev.POST]):
+            self._post(m, ns, locals())
 
-                # ------------------------------------------------ post a work request
-                with m.Case(_Ev.POST):
-                    self._post(m, ns, locals())
-
-                # ------------------------------------------------ post a receive
-                with m.Case(_Ev.RECV):
-                    full = Signal()
-                    m.d.comb += full.eq((s.rq_head - s.rq_tail) == RQ)
-                    bad = Signal()
-                    m.d.comb += bad.eq(full | (c.state == QpState.ERROR)
-                                       | (c.state == QpState.RESET))
-                    with m.If(~bad):
-                        m.d.comb += [
-                            rq_wr.en.eq(1),         # (address and data in every clock)
-                            ns.rq_head.eq(s.rq_head + 1), *write_state(ns),
-                            self.rr.ready.eq(1),
-                        ]
-                        m.d.comb += do_go.eq(GO_IDLE)
-                    with m.Elif(pdq_room):
-                        m.d.comb += [
-                            pd_push.eq(1), pde.has_cqe.eq(1),
-                            pde.cqe.qp.eq(qp), pde.cqe.is_recv.eq(1),
-                            pde.cqe.status.eq(Mux(c.state == QpState.ERROR,
-                                                  WcStatus.WR_FLUSH_ERR, WcStatus.LOC_QP_OP_ERR)),
-                            pde.cqe.opcode.eq(WcOpcode.RECV), pde.cqe.wr_id.eq(rrq.wr_id),
-                            self.rr.ready.eq(1), self.rq_retire.valid.eq(1),
-                        ]
-                        m.d.comb += do_go.eq(GO_IDLE)
+        # ------------------------------------------------ post a receive
+        with m.If(do_ev[_Ev.RECV]):
+            full = Signal()
+            m.d.comb += full.eq((s.rq_head - s.rq_tail) == RQ)
+            bad = Signal()
+            m.d.comb += bad.eq(full | (c.state == QpState.ERROR)
+                               | (c.state == QpState.RESET))
+            with m.If(~bad):
+                m.d.comb += [
+                    rq_wr.en.eq(1),         # (address and data in every clock)
+                    ns.rq_head.eq(s.rq_head + 1), *write_state(ns),
+                    self.rr.ready.eq(1),
+                ]
+                m.d.comb += do_go.eq(GO_IDLE)
+            with m.Elif(pdq_room):
+                m.d.comb += [
+                    pd_push.eq(1), pde.has_cqe.eq(1),      # (the completion: cqe_recv)
+                    self.rr.ready.eq(1), self.rq_retire.valid.eq(1),
+                ]
+                m.d.comb += do_go.eq(GO_IDLE)
         return m
 
     # ------------------------------------------------------------------ decisions
@@ -1446,7 +1585,7 @@ class RcTransport(wiring.Component):
     def _respond(self, m, ns, pde, pd_push, mve, env):
         """Responder: one request packet (DO state, pdq and mover have room)."""
         v = SimpleNamespace(**{**env, **env["dec_r"]})     # the registered opcode decode
-        csr, rec, ictx, s, rqe = self.csr, v.rec, v.ictx, v.s, v.rqe
+        csr, ictx, s = self.csr, v.ictx, v.s
         psn = v.psn
         nak_syn = Signal(8)
         rs = v.rs       # the outcome, registered (elaborate)
@@ -1458,7 +1597,7 @@ class RcTransport(wiring.Component):
                 # a duplicate READ is executed again from its own RETH (IBTA 9.7.5.1.4)
                 m.d.comb += pd_push.eq(~v.mr_fail)
                 m.d.comb += v.pd_read_job(ictx.msn)
-            with m.Elif(rec.bth_ackreq):
+            with m.Elif(v.ackreq_r):
                 m.d.comb += [pd_push.eq(1), *v.pd_ack(ictx.epsn - 1, ack_syndrome(), ictx.msn),
                              ns.ack_cnt.eq(0)]
         with m.Elif(rs.ahead):
@@ -1476,10 +1615,8 @@ class RcTransport(wiring.Component):
                 m.d.comb += nak_syn.eq(rnr_syndrome(0) | ictx.min_rnr_timer)
             with m.Elif(rs.over):
                 # the message does not fit the receive buffer: the WQE completes in error
+                # (the completion's fields: cqe_rx, elaborate)
                 m.d.comb += [nak_syn.eq(nak_syndrome(NakCode.INV_REQ)), pde.has_cqe.eq(1),
-                             pde.cqe.qp.eq(v.qp), pde.cqe.is_recv.eq(1),
-                             pde.cqe.status.eq(WcStatus.LOC_LEN_ERR),
-                             pde.cqe.opcode.eq(WcOpcode.RECV), pde.cqe.wr_id.eq(rqe.wr_id),
                              ns.rq_tail.eq(s.rq_tail + 1), ns.rq_off.eq(0),
                              ns.in_msg.eq(_InMsg.NONE), self.rq_retire.valid.eq(1)]
             with m.Else():
@@ -1490,7 +1627,7 @@ class RcTransport(wiring.Component):
 
     def _accept(self, m, ns, pde, pd_push, mve, v):
         """Responder: an in-sequence request that passed every check."""
-        csr, rec, ann, ictx, s, rqe = self.csr, v.rec, v.ann, v.ictx, v.s, v.rqe
+        csr, rec, ann, s = self.csr, v.rec, v.ann, v.s
         psn, plen = v.psn, v.plen
         m.d.comb += [
             csr.rx_requests_inc.eq(1),
@@ -1513,12 +1650,7 @@ class RcTransport(wiring.Component):
             with m.If(v.with_imm):
                 m.d.comb += [
                     ns.rq_tail.eq(s.rq_tail + 1), self.rq_retire.valid.eq(1),
-                    pde.has_cqe.eq(1), pde.cqe.qp.eq(v.qp), pde.cqe.is_recv.eq(1),
-                    pde.cqe.status.eq(WcStatus.SUCCESS), pde.cqe.opcode.eq(WcOpcode.RECV_RDMA_WITH_IMM),
-                    pde.cqe.wr_id.eq(rqe.wr_id),
-                    pde.cqe.byte_len.eq(Mux(v.only, rec.reth_dma_length, s.wlen)),
-                    pde.cqe.has_imm.eq(1), pde.cqe.imm.eq(rec.immdt_data),
-                    pde.cqe.src_qpn.eq(ictx.remote_qpn), pd_push.eq(1),
+                    pde.has_cqe.eq(1), pd_push.eq(1),     # (the completion: cqe_rx)
                 ]
         with m.If(v.is_send):
             m.d.comb += [
@@ -1531,82 +1663,86 @@ class RcTransport(wiring.Component):
             with m.If(v.msg_end):
                 m.d.comb += [
                     ns.rq_tail.eq(s.rq_tail + 1), self.rq_retire.valid.eq(1),
-                    pde.has_cqe.eq(1), pde.cqe.qp.eq(v.qp), pde.cqe.is_recv.eq(1),
-                    pde.cqe.status.eq(WcStatus.SUCCESS), pde.cqe.opcode.eq(WcOpcode.RECV),
-                    pde.cqe.wr_id.eq(rqe.wr_id), pde.cqe.byte_len.eq(v.send_total),
-                    pde.cqe.has_imm.eq(v.with_imm), pde.cqe.has_inv.eq(v.with_inv),
-                    pde.cqe.imm.eq(Mux(v.with_inv, rec.ieth_rkey, rec.immdt_data)),
-                    pde.cqe.src_qpn.eq(ictx.remote_qpn), pd_push.eq(1),
+                    pde.has_cqe.eq(1), pd_push.eq(1),     # (the completion: cqe_rx)
                 ]
         with m.If(v.is_read):
             m.d.comb += [pd_push.eq(1), *v.pd_read_job(v.new_msn)]
         with m.Else():
             count = Signal(9)
             m.d.comb += count.eq(s.ack_cnt + 1)
-            with m.If(rec.bth_ackreq | v.rsp_ack_due):     # count >= ack_coalesce != 0
+            with m.If(v.ackreq_r | v.rsp_ack_due):     # count >= ack_coalesce != 0
                 m.d.comb += [pd_push.eq(1), *v.pd_ack(psn, ack_syndrome(), v.new_msn),
                              ns.ack_cnt.eq(0)]
             with m.Else():
                 m.d.comb += ns.ack_cnt.eq(count)
 
-    def _send(self, m, ns, env):
-        """Requester: send the next packet of the QP (DO state of a SEND event)."""
+    def _send_desc(self, m, env):
+        """Requester: the packet a SEND event sends, made in every clock (txq and the sent
+        report take it with send_go, a flip-flop: elaborate)."""
         v = SimpleNamespace(**env)
-        csr, s, w, t, sd = self.csr, v.s, v.w, v.t, v.sd
-        can = Signal()
-        # ~err, ~rnr_wait, sq_cur != sq_head, npsn - una < window, RTS (registered)
-        m.d.comb += can.eq(sd.can)
-        with m.If(~can):
-            m.d.comb += [ns.queued.eq(0), *v.write_state(ns)]
-            m.d.comb += v.do_go.eq(v.GO_IDLE)
-        with m.Else():
-            # registered: rem = w.length - cur_off; f = cur_off == 0; lst = READ or rem <= mtu
-            rem = sd.rem
-            rd = v.sd_rd
-            f = sd.f
-            lst = sd.lst
-            opc = Signal(8)
-            imm_op = (w.opcode == WrOpcode.SEND_WITH_IMM) | (w.opcode == WrOpcode.RDMA_WRITE_WITH_IMM)
-            with m.Switch(w.opcode):
-                with m.Case(WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.SEND_WITH_INV):
-                    only_op = Mux(w.opcode == WrOpcode.SEND_WITH_INV, O.SEND_ONLY_INV,
-                                  Mux(imm_op, O.SEND_ONLY_IMM, O.SEND_ONLY))
-                    last_op = Mux(w.opcode == WrOpcode.SEND_WITH_INV, O.SEND_LAST_INV,
-                                  Mux(imm_op, O.SEND_LAST_IMM, O.SEND_LAST))
-                    m.d.comb += opc.eq(Mux(f & lst, only_op, Mux(f, O.SEND_FIRST,
-                                                                 Mux(lst, last_op, O.SEND_MIDDLE))))
-                with m.Case(WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM):
-                    only_op = Mux(imm_op, O.WRITE_ONLY_IMM, O.WRITE_ONLY)
-                    last_op = Mux(imm_op, O.WRITE_LAST_IMM, O.WRITE_LAST)
-                    m.d.comb += opc.eq(Mux(f & lst, only_op, Mux(f, O.WRITE_FIRST,
-                                                                 Mux(lst, last_op, O.WRITE_MIDDLE))))
-                with m.Default():
-                    m.d.comb += opc.eq(O.READ_REQUEST)
-            # npsn - una + PSNs this packet takes (READ: the rest of the message, else 1)
-            after_out = sd.after
-            desc = Signal(tx_desc_layout(self.index_bits))
+        csr, s, w, sd, send_go = self.csr, v.s, v.w, v.sd, v.send_go
+        # registered: rem = w.length - cur_off; f = cur_off == 0; lst = READ or rem <= mtu
+        rem = sd.rem
+        rd = v.sd_rd
+        f = sd.f
+        lst = sd.lst
+        opc = Signal(8)
+        imm_op = (w.opcode == WrOpcode.SEND_WITH_IMM) | (w.opcode == WrOpcode.RDMA_WRITE_WITH_IMM)
+        with m.Switch(w.opcode):
+            with m.Case(WrOpcode.SEND, WrOpcode.SEND_WITH_IMM, WrOpcode.SEND_WITH_INV):
+                only_op = Mux(w.opcode == WrOpcode.SEND_WITH_INV, O.SEND_ONLY_INV,
+                              Mux(imm_op, O.SEND_ONLY_IMM, O.SEND_ONLY))
+                last_op = Mux(w.opcode == WrOpcode.SEND_WITH_INV, O.SEND_LAST_INV,
+                              Mux(imm_op, O.SEND_LAST_IMM, O.SEND_LAST))
+                m.d.comb += opc.eq(Mux(f & lst, only_op, Mux(f, O.SEND_FIRST,
+                                                             Mux(lst, last_op, O.SEND_MIDDLE))))
+            with m.Case(WrOpcode.RDMA_WRITE, WrOpcode.RDMA_WRITE_WITH_IMM):
+                only_op = Mux(imm_op, O.WRITE_ONLY_IMM, O.WRITE_ONLY)
+                last_op = Mux(imm_op, O.WRITE_LAST_IMM, O.WRITE_LAST)
+                m.d.comb += opc.eq(Mux(f & lst, only_op, Mux(f, O.WRITE_FIRST,
+                                                             Mux(lst, last_op, O.WRITE_MIDDLE))))
+            with m.Default():
+                m.d.comb += opc.eq(O.READ_REQUEST)
+        # npsn - una + PSNs this packet takes (READ: the rest of the message, else 1)
+        after_out = sd.after
+        desc = Signal(tx_desc_layout(self.index_bits))
+        m.d.comb += [
+            desc.qp.eq(v.qp),
+            desc.opcode.eq(opc),
+            desc.psn.eq(s.npsn),
+            desc.ackreq.eq(lst | sd.after_ge | sd.mark),
+            desc.va.eq(sd.va),      # w.raddr + cur_off
+            desc.rkey.eq(w.rkey),
+            desc.dma_len.eq(Mux(rd, rem, w.length)),
+            desc.imm.eq(w.imm),
+            desc.plen.eq(Mux(rd, 0, Mux(lst, rem, v.mtu))),
+            desc.src.eq(Mux(w.inline, PayloadSrc.INLINE, PayloadSrc.DMA)),
+            desc.addr.eq(sd.addr),  # w.laddr + cur_off
+            desc.inline.eq(v.wd),
+            v.txq.w_en.eq(send_go),
+            v.txq.w_data.eq(desc),
+            csr.tx_packets_inc.eq(send_go),
+            v.sent_v.eq(send_go),
+        ]
+        with m.If(send_go):
             m.d.comb += [
-                desc.qp.eq(v.qp),
-                desc.opcode.eq(opc),
-                desc.psn.eq(s.npsn),
-                desc.ackreq.eq(lst | sd.after_ge | sd.mark),
-                desc.va.eq(sd.va),      # w.raddr + cur_off
-                desc.rkey.eq(w.rkey),
-                desc.dma_len.eq(Mux(rd, rem, w.length)),
-                desc.imm.eq(w.imm),
-                desc.plen.eq(Mux(rd, 0, Mux(lst, rem, v.mtu))),
-                desc.src.eq(Mux(w.inline, PayloadSrc.INLINE, PayloadSrc.DMA)),
-                desc.addr.eq(sd.addr),  # w.laddr + cur_off
-                desc.inline.eq(v.wd),
-                v.txq.w_en.eq(1),
-                v.txq.w_data.eq(desc),
-                csr.tx_packets_inc.eq(1),
-                v.sent_v.eq(1),
                 v.sent_p.qp.eq(v.qp),
                 v.sent_p.bytes.eq(desc.plen),
                 v.sent_p.inflight.eq(Mux(after_out[16:] != 0, 0xFFFF, after_out[:16])),
             ]
-            with m.If(f):
+
+    def _send(self, m, ns, env):
+        """Requester: send the next packet of the QP (DO state of a SEND event; the packet
+        itself: ``_send_desc``)."""
+        v = SimpleNamespace(**env)
+        s, t, sd = v.s, v.t, v.sd
+        # ~err, ~rnr_wait, sq_cur != sq_head, npsn - una < window, RTS (registered, with DO)
+        with m.If(~v.send_go):
+            m.d.comb += [ns.queued.eq(0), *v.write_state(ns)]
+            m.d.comb += v.do_go.eq(v.GO_IDLE)
+        with m.Else():
+            lst = sd.lst
+            with m.If(sd.f):
                 # (address and data: in every clock, elaborate)
                 m.d.comb += v.sq_wr.en.eq(1)
             with m.If(~t.armed):
@@ -1629,7 +1765,7 @@ class RcTransport(wiring.Component):
     def _post(self, m, ns, env):
         """A work request for the send queue (DO state of a POST event)."""
         v = SimpleNamespace(**env)
-        s, wrq = v.s, v.wrq
+        s = v.s
         status = v.po_status        # registered (s, c and the request hold still)
         with m.If(status == WcStatus.SUCCESS):
             m.d.comb += [
@@ -1640,10 +1776,8 @@ class RcTransport(wiring.Component):
             ]
             m.d.comb += v.do_go.eq(v.GO_IDLE)
         with m.Elif(v.pdq_room):
-            wq = Signal(v.wqe_l)
-            m.d.comb += [wq.opcode.eq(wrq.opcode), wq.wr_id.eq(wrq.wr_id), wq.length.eq(wrq.length)]
-            m.d.comb += [v.pd_push.eq(1), v.pde.has_cqe.eq(1),
-                         *v.cqe_for_wqe(v.pde.cqe, wq, status), self.wr.ready.eq(1),
+            # (the completion: cqe_post, elaborate)
+            m.d.comb += [v.pd_push.eq(1), v.pde.has_cqe.eq(1), self.wr.ready.eq(1),
                          self.sq_retire.valid.eq(1)]
             m.d.comb += v.do_go.eq(v.GO_IDLE)
 
@@ -1756,10 +1890,8 @@ class RcTransport(wiring.Component):
                                 & ~ns.rnr_wait)
             with m.If(work & ~s.queued):
                 m.d.comb += [ns.queued.eq(1), v.sched_push.eq(1)]
-            m.d.comb += v.write_state(ns)
-            m.next = "IDLE"
+            m.d.comb += [*v.write_state(ns), v.arx_done.eq(1)]     # (to IDLE)
         with m.Else():
             # (the fields a rewind or fatal path changes: lost_rd, retry_left)
             m.d.sync += [s.lost_rd.eq(ns.lost_rd), s.retry_left.eq(ns.retry_left),
-                         v.qs_src.eq(v.SRC_REWIND)]
-            m.next = "AFTER"
+                         v.qs_src.eq(v.SRC_REWIND)]     # (to AFTER)
