@@ -37,7 +37,7 @@ from stellar.hdl.flow.fields import QPN_BITS, TENANT_BITS, FlowOp, FlowStatus
 
 from .tb import TB, tb_param
 
-LATENCY = 3            # FlowTable.LATENCY, the contract
+LATENCY = 4            # FlowTable.LATENCY, the contract
 TAG_BITS = 8           # the top's default tag width (test_flowtable_stress.py builds it so)
 STUCK = 1 << 16        # cycles without a resp before the bench declares a command hung
 PROGRESS = 100_000      # cycles between progress lines

@@ -15,7 +15,7 @@ Ports:
   ``lookup``      in   stream (always ready): ``key`` (``flow_key_layout()``) and ``tag``
                        (``tag_bits``, carried to the result). One lookup per clock.
   ``result``      out  stream (always ready): ``hit``, ``value`` (``value_bits``, 0 on a miss),
-                       ``tag``. Valid exactly ``LATENCY`` (3) cycles after its lookup.
+                       ``tag``. Valid exactly ``LATENCY`` (4) cycles after its lookup.
   ``cmd``         in   stream: ``op`` (``FlowOp``, 2 bits), ``key``, ``value``. Ready while idle.
   ``resp``        out  stream (always ready), a one-cycle pulse when a command completes:
                        ``status`` (``FlowStatus``), ``value`` (stored value: LOOKUP hit or
@@ -50,17 +50,23 @@ Commands:
   ``3 + 4 max_kicks`` for FULL (the walk and its undo). A DELETE that re-homes stash entries
   adds ``2 + 2 n`` per attempt. The next command may be taken the cycle after ``resp``.
 
-Lookup pipeline (``LATENCY`` = 3; a lookup presented in cycle t):
+Lookup pipeline (``LATENCY`` = 4; a lookup presented in cycle t):
   stage 0 (cycle t)    hash the key for every way; register key, tag and addresses.
   stage 1 (cycle t+1)  the lookup read port of every way reads the key's slot. In the SAME cycle
                        the key is compared with every register that can hold a stored key (the
                        stash entries and the manager's two in-flight registers ``cur`` and
                        ``old``) and with the key of an insert in progress (``hide``, below), and
                        each way notes whether the manager writes the very slot being read
-                       (``mask``). These comparisons are registered.
-  stage 2 (cycle t+2)  each way's slot (unless masked) is compared with the key; the hit is
-                       the OR of the way hits and the register hit, cleared by ``hide``;
-                       registered onto ``result`` (valid in cycle t+3).
+                       (``mask``). These comparisons are registered, with a copy of each
+                       compared register's value.
+  stage 2 (cycle t+2)  every way's read data is registered as it leaves the block RAM (no
+                       logic on it: the block RAMs' outputs are slow and far apart), with the
+                       stage-1 results: the register hits merged into one hit and value, both
+                       cleared by ``hide``; ``mask`` and ``hide`` folded into one enable per way.
+  stage 3 (cycle t+3)  each way's slot (unless masked) is compared with the key; the hit is
+                       the OR of the way hits and the register hit; registered onto
+                       ``result`` (valid in cycle t+4). Until ec958a5 this compare worked on
+                       the block RAM outputs directly (``LATENCY`` 3).
 
 Why a lookup never misses a stored key nor hits a wrong one. Let ``M_c`` be the memory contents
 in cycle c (writes take effect at the end of their cycle) and ``R_c`` the set of registered
@@ -80,9 +86,10 @@ result is undefined (ECP5 block RAM read-during-write across ports), but that wa
 by (I2), the key is also in ``R_c``. A masked way only ever hides keys that (I2) places in
 ``R_c``, and an unmasked read is exactly ``M_c``, so there is no false hit (I3). No register is
 compared one cycle late: that is why the comparisons are made in stage 1 and not with the
-memory data in stage 2 (a key could move from a register into a slot between two cycles and be
-missed by both). The write that finishes a move and the register update that forgets the moved
-key happen at the same clock edge, so every cycle sees the key in one place or the other.
+memory data in stage 3 (a key could move from a register into a slot between two cycles and be
+missed by both); registering the read data in stage 2 changes nothing here, the data is
+``M_c`` either way. The write that finishes a move and the register update that forgets the
+moved key happen at the same clock edge, so every cycle sees the key in one place or the other.
 
 How the manager keeps (I2): an eviction takes two cycles, LATCH then WRITE. In LATCH the
 occupant of the chosen slot (read the cycle before) is copied into ``old``; in WRITE ``cur`` is
@@ -101,8 +108,11 @@ key with that first read and with the stash (``t_hit``, ``s_hit``: nothing is wr
 the two reads, and ``cur`` and the stash do not change in PROBE), so CHECK decides from
 registers. LATCH and UNDO_LATCH only look at the ``valid`` bits and copy a slot into ``old``.
 Each stash entry keeps its key's slot addresses (taken from ``cur_addr`` when ``cur`` goes to
-the stash), so starting a re-home walk selects registers and hashes nothing. The cycle counts
-above are unchanged by this.
+the stash), so starting a re-home walk selects registers and hashes nothing. Registers whose
+contents matter only after one outcome of CHECK or LATCH are loaded whatever the outcome
+(``old``'s key and value, the stash entry that would take a homeless key, ``cur`` for the next
+re-home): only a few control bits wait for the read data. The cycle counts above are unchanged
+by this.
 
 The key under INSERT is never visible before the answer: while a walk carries it, a lookup of
 exactly that key is forced to miss (``hide``, compared in stage 1 like the registers), so a FULL
@@ -149,7 +159,7 @@ def _or_values(pairs, width):
 
 
 class FlowTable(wiring.Component):
-    LATENCY = 3
+    LATENCY = 4
 
     def __init__(self, capacity=4096, *, ways=4, stash=4, tag_bits=0, max_kicks=128, seed=0):
         if capacity < 16 or capacity & (capacity - 1):
@@ -201,8 +211,8 @@ class FlowTable(wiring.Component):
         self._s1_mask = Signal(ways)             # the manager writes the slot being read
 
     def _lookup_read(self, m, way, port, write_port):
-        """The data of way ``way``'s lookup read port as stage 2 uses it. A seam for tests: they
-        override it to model the undefined result of a read of the slot written in the same
+        """The data of way ``way``'s lookup read port as stage 2 registers it. A seam for tests:
+        they override it to model the undefined result of a read of the slot written in the same
         cycle (``write_port``), which the design must never use."""
         return port.data
 
@@ -260,8 +270,14 @@ class FlowTable(wiring.Component):
             h = Signal(name=f"s1_{name}_hit")
             m.d.comb += h.eq(vis & (key == s1_key))
             reg_pairs.append((h, val))
-        s2_valid, s2_reg_hit, s2_hide = Signal(), Signal(), Signal()
-        s2_key, s2_tag, s2_reg_val, s2_mask = Signal(KEY_BITS), Signal(T), Signal(V), Signal(W)
+        s2_valid, s2_hide = Signal(), Signal()
+        s2_key, s2_tag, s2_mask = Signal(KEY_BITS), Signal(T), Signal(W)
+        # Each register's hit and a copy of its value (the registers may change at this edge),
+        # merged in stage 2: the OR of the values was the second half of a stage-1 path of 8 LUT
+        # levels from ``s1_key`` (6 key compares, then the value OR) in the out-of-context rxflow
+        # netlist at ec958a5; stage 2 has room for it now that it only registers the read data.
+        s2_reg_hits = Signal(len(reg_pairs))
+        s2_reg_vals = [Signal(V, name=f"s2_reg_val{i}") for i in range(len(reg_pairs))]
         for w in range(W):
             m.d.comb += [
                 lk_rd[w].addr.eq(s1_addr[w]),
@@ -271,30 +287,52 @@ class FlowTable(wiring.Component):
             s2_valid.eq(s1_valid),
             s2_key.eq(s1_key),
             s2_tag.eq(s1_tag),
-            s2_reg_hit.eq(_any([h for h, _ in reg_pairs])),
-            s2_reg_val.eq(_or_values(reg_pairs, V)),
+            s2_reg_hits.eq(Cat(*[h for h, _ in reg_pairs])),
             s2_hide.eq(hide & (cmd_key == s1_key)),
             s2_mask.eq(s1_mask),
         ]
+        m.d.sync += [r.eq(v) for r, (_, v) in zip(s2_reg_vals, reg_pairs, strict=True)]
 
-        # -- lookup stage 2: compare the ways, merge, register the result ------------------------
-        way_pairs = []
+        # -- lookup stage 2: register the ways' read data, and nothing else ----------------------
+        # Cut: way read data (a DP16KD output, 1.42 ns clock-to-out, the ways' block RAMs spread
+        # over the die) -> key compare -> hit -> value select -> result was the worst path of the
+        # flow table, -3.23 ns routed on the ECPIX-5 core at ec958a5 (7 LUT levels). Now a block
+        # RAM output goes straight to a register (yosys's bypass multiplexer of the transparent
+        # lookup port, one LUT, at most). ``mask`` and ``hide`` are folded into one enable per
+        # way, and the registers' hits and values are merged and cleared by ``hide`` here, off
+        # the next stage.
+        s3_valid, s3_reg_hit = Signal(), Signal()
+        s3_key, s3_tag, s3_reg_val, s3_use = Signal(KEY_BITS), Signal(T), Signal(V), Signal(W)
+        s3_data = [Signal(E, name=f"s3_data{w}") for w in range(W)]
         for w in range(W):
             d = Signal(E, name=f"s2_data{w}")
             m.d.comb += d.eq(self._lookup_read(m, w, lk_rd[w], mg_wr[w]))
-            h = Signal(name=f"s2_hit{w}")
-            m.d.comb += h.eq(d.valid & (d.key.as_value() == s2_key) & ~s2_mask[w])
+            m.d.sync += s3_data[w].eq(d)
+        m.d.sync += [
+            s3_valid.eq(s2_valid),
+            s3_key.eq(s2_key),
+            s3_tag.eq(s2_tag),
+            s3_use.eq(~s2_mask & Mux(s2_hide, 0, (1 << W) - 1)),
+            s3_reg_hit.eq(s2_reg_hits.any() & ~s2_hide),
+            s3_reg_val.eq(Mux(s2_hide, 0, _or_values(
+                [(s2_reg_hits[i], s2_reg_vals[i]) for i in range(len(reg_pairs))], V))),
+        ]
+
+        # -- lookup stage 3: compare the ways, merge, register the result ------------------------
+        way_pairs = []
+        for w in range(W):
+            d = s3_data[w]
+            h = Signal(name=f"s3_hit{w}")
+            m.d.comb += h.eq(d.valid & s3_use[w] & (d.key.as_value() == s3_key))
             way_pairs.append((h, d.value))
-        s2_hit = Signal()
-        m.d.comb += s2_hit.eq((_any([h for h, _ in way_pairs]) | s2_reg_hit) & ~s2_hide)
         r_valid, r_hit, r_val, r_tag = Signal(), Signal(), Signal(V), Signal(T)
         m.d.sync += [
-            r_valid.eq(s2_valid),
-            r_hit.eq(s2_hit),
-            # Every term is 0 unless its own hit is set, so only ``hide`` needs clearing (not a
-            # mux on the OR of the hits: two logic levels less after the compare).
-            r_val.eq(Mux(s2_hide, 0, _or_values(way_pairs, V) | s2_reg_val)),
-            r_tag.eq(s2_tag),
+            r_valid.eq(s3_valid),
+            r_hit.eq(_any([h for h, _ in way_pairs]) | s3_reg_hit),
+            # Every term is 0 unless its own hit is set (``hide`` cleared them a stage earlier),
+            # so the value is a plain OR, with no mux on the OR of the hits.
+            r_val.eq(_or_values(way_pairs, V) | s3_reg_val),
+            r_tag.eq(s3_tag),
         ]
         m.d.comb += [
             self.result.valid.eq(r_valid),
@@ -471,12 +509,23 @@ class FlowTable(wiring.Component):
             respond(FlowStatus.OK)
             m.next = "IDLE"
 
-        def evict(victim):
-            """Copy the occupant of ``victim`` (all ways full) into ``old``; WRITE is next."""
+        def load_old(victim):
+            """Copy the occupant of ``victim`` into ``old``'s key and value, in every cycle of
+            CHECK and LATCH whatever they decide: ``old`` is only compared while ``old_vis``
+            (set by ``evict`` alone) and only hashed in WRITE, after an eviction, so a copy
+            that is not an eviction is never seen. Its ~45 flip-flops' enables were on the path
+            read data (``valid``) -> empty -> decision, part of the 212 endpoints failing from
+            ``mg_data3`` routed on the ECPIX-5 core at ec958a5."""
             m.d.sync += [
-                way.eq(victim),
                 old_key.eq(Cat(*[rd[w].key.as_value() for w in range(W)]).word_select(victim, KEY_BITS)),
                 old_val.eq(Cat(*[rd[w].value for w in range(W)]).word_select(victim, V)),
+            ]
+
+        def evict(victim):
+            """The occupant of ``victim`` (all ways full; copied into ``old`` by ``load_old``)
+            is evicted; WRITE is next."""
+            m.d.sync += [
+                way.eq(victim),
                 old_vis.eq(1),
                 cur_vis.eq(1),
             ]
@@ -504,6 +553,7 @@ class FlowTable(wiring.Component):
                 m.next = "CHECK"
 
             with m.State("CHECK"):
+                load_old(victim_any)
                 with m.If(rehome):
                     with m.If(empty.any()):
                         m.d.comb += wr_en.eq(1 << first_empty)
@@ -557,11 +607,15 @@ class FlowTable(wiring.Component):
                     # block RAM across the die: 13.3 ns routed on the ECPIX-5 core, 2026-12-07).
                     with m.If((kicks == K) & rehome & rh_more):
                         load_cur(rh_key, rh_val, rh_addr)
-                with m.If(empty_other.any()):
-                    m.d.comb += wr_en.eq(1 << first_empty_other)
-                    placed()
-                with m.Elif(kicks == K):
-                    if S:
+                    # Likewise the stash entry that takes the homeless key is written whether or
+                    # not this step finds an empty slot; only its ``valid`` bit waits for the
+                    # read data. If the step finds one, the entry stays invalid (a free entry,
+                    # ``st_free``) or is invalidated at this edge (``rh_sel``, by ``placed``), and
+                    # an invalid entry's contents are never used. The enables of the stash's
+                    # ~340 key, address and value flip-flops were on read data (``valid``) ->
+                    # empty -> decision: 160 of the 212 endpoints failing from ``mg_data3``
+                    # routed on the ECPIX-5 core at ec958a5 (-2.45 ns).
+                    with m.If(kicks == K):
                         with m.If(rehome):
                             # The homeless key takes the place of the entry being re-homed
                             # (that entry is in the table now), so no undo is needed.
@@ -570,13 +624,23 @@ class FlowTable(wiring.Component):
                                 Cat(*st_addr).word_select(rh_sel, W * A).eq(Cat(*cur_addr)),
                                 Cat(*st_val).word_select(rh_sel, V).eq(cur_val),
                             ]
-                            start_rehome(load=False)
                         with m.Elif(st_room):
                             m.d.sync += [
-                                st_valid.bit_select(st_free, 1).eq(1),
                                 Cat(*st_key).word_select(st_free, KEY_BITS).eq(cur_key),
                                 Cat(*st_addr).word_select(st_free, W * A).eq(Cat(*cur_addr)),
                                 Cat(*st_val).word_select(st_free, V).eq(cur_val),
+                            ]
+                load_old(victim_skip)
+                with m.If(empty_other.any()):
+                    m.d.comb += wr_en.eq(1 << first_empty_other)
+                    placed()
+                with m.Elif(kicks == K):
+                    if S:
+                        with m.If(rehome):
+                            start_rehome(load=False)     # entry rh_sel holds cur now (above)
+                        with m.Elif(st_room):
+                            m.d.sync += [
+                                st_valid.bit_select(st_free, 1).eq(1),   # entry written above
                                 cur_vis.eq(0),
                                 hide.eq(0),
                                 occupancy.eq(occupancy + 1),

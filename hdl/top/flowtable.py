@@ -12,7 +12,7 @@ testbench never packs ``FLOW_KEY`` by hand:
     lookup_tenant          in     TENANT_BITS (8)
     lookup_qpn             in     QPN_BITS (24)
     lookup_tag             in     tag_bits (opaque, returned with the result)
-    result_valid           out    1    ``FlowTable.LATENCY`` (3) cycles after lookup_valid
+    result_valid           out    1    ``FlowTable.LATENCY`` (4) cycles after lookup_valid
     result_hit             out    1
     result_value           out    value_bits = max(1, ceil(log2(capacity)))
     result_tag             out    tag_bits

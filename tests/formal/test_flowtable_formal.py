@@ -39,13 +39,13 @@ stash 1, ``max_kicks`` 1. Three simplifications keep z3 within about two minutes
 - ``DEPTH`` = 12 cycles (steps 0-11): the reset cycle, two inserts into empty slots (3 cycles
   each, transfer included), and a third insert that evicts (PROBE, CHECK, WRITE, LATCH: the walk
   of ``max_kicks`` = 1 eviction, ending in an empty slot or the stash, 5 cycles), answered in
-  step 11, so its response, the occupancy after it and every lookup presented up to step 8
+  step 11, so its response, the occupancy after it and every lookup presented up to step 7
   (while slots are written, with the ``mask`` path) are checked; ``longest_command`` (7 cycles,
   a FULL insert with its undo) is asserted for every command that starts in the trace.
   What this depth does NOT check: a lookup of ``K`` presented while ``K`` sits in the
   manager's ``old``/``cur`` registers. The cover test reaches such a presentation first in
-  step 10, so its result (``LATENCY`` later, step 13) lies beyond the trace; checking it
-  needs depth 14, several times the cost below. The register comparisons are exercised by the
+  step 10, so its result (``LATENCY`` later, step 14) lies beyond the trace; checking it
+  needs depth 15, several times the cost below. The register comparisons are exercised by the
   cocotb stress test instead.
 
 Engine and cost: ``smtbmc --syn z3`` (``ENGINE``; smtbmc synthesizes the model to gates first),

@@ -536,9 +536,9 @@ def status_plan(bench):
 def test_statuses_latency_tag(tag_bits):
     """EXISTS (with the stored value), NOT_FOUND, NOP; tenant and QPN both part of the key;
     commands offered while busy wait for ``cmd.ready``; every lookup's result comes exactly
-    ``LATENCY`` = 3 cycles later with its tag (also with a 0-bit tag); ``resp.cycles`` is the
+    ``LATENCY`` = 4 cycles later with its tag (also with a 0-bit tag); ``resp.cycles`` is the
     distance from transfer to response and a command that touches no walk takes 2 cycles."""
-    assert FlowTable.LATENCY == 3
+    assert FlowTable.LATENCY == 4
     rng = seeded_rng(f"flowtable-status-{tag_bits}", 1)
     dut = FlowTable(64, ways=4, stash=2, tag_bits=tag_bits)
     assert dut.value_bits == 6 and len(dut.occupancy) == 7
