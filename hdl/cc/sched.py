@@ -147,9 +147,10 @@ stall_pacer, stall_tenant, pops
 
 Parameters: ``qps``, ``tenants`` (powers of two >= 2), ``classes`` (1, 2, 4 or 8). Memories:
 ring ``2 * classes * qps`` x IB; per QP: bucket (70 bits), rate (20), attributes (TB + 11),
-turn (8); per tenant: configuration (88 bits), buckets (140 bits). Multipliers: 6 products of
-20 x 28 bits (3 in the probe, 3 in the charge unit), each 4 tiles of at most 18 x 18 bits (24
-multipliers) from registers, their partial sums added in the next stage.
+turn (8); per tenant: configuration (88 bits), buckets (140 bits), guarantee flag (1 bit,
+distributed RAM read asynchronously, a copy for the push and one for the probe). Multipliers: 6
+products of 20 x 28 bits (3 in the probe, 3 in the charge unit), each 4 tiles of at most 18 x 18
+bits (24 multipliers) from registers, their partial sums added in the next stage.
 """
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed
@@ -272,9 +273,15 @@ class TxScheduler(wiring.Component):
         m.submodules.q_bkt = q_bkt = Memory(shape=_bucket_layout(), depth=self.qps, init=[])
         m.submodules.t_cfg = t_cfg = Memory(shape=_tcfg_layout(), depth=self.tenants, init=[])
         m.submodules.t_bkt = t_bkt = Memory(shape=_tbkt_layout(), depth=self.tenants, init=[])
+        # the tenant has a guarantee (guar_rate != 0): distributed RAM read asynchronously (as
+        # the register of ``tenants`` bits it replaces, whose mux tree spread over the die: p6
+        # below), one copy per read port
+        m.submodules.t_g = t_g = Memory(shape=1, depth=self.tenants, init=[],
+                                        attrs={"ram_style": "distributed"})
         m.submodules.ring = ring = Memory(shape=IB, depth=R * self.qps, init=[])
         rate_w, attr_w, rem_w = q_rate.write_port(), q_attr.write_port(), q_rem.write_port()
         bkt_w, tcfg_w, tbkt_w = q_bkt.write_port(), t_cfg.write_port(), t_bkt.write_port()
+        g_w = t_g.write_port()
         ring_w = ring.write_port()
         # Read ports that can meet a write to the same word in the same clock are transparent
         # (Yosys builds the bypass: an ECP5 block RAM's cross-port collision is undefined).
@@ -288,13 +295,16 @@ class TxScheduler(wiring.Component):
             rp[who, "bkt"] = q_bkt.read_port(transparent_for=(bkt_w,))
             rp[who, "tcfg"] = t_cfg.read_port(transparent_for=(tcfg_w,))
             rp[who, "tbkt"] = t_bkt.read_port(transparent_for=(tbkt_w,))
+        for who in ("push", "probe"):
+            rp[who, "g"] = t_g.read_port(domain="comb")
         # The probe never reads the word a ring write hits (fronts are written below the head,
         # tails at the tail of a ring that is not full), so no bypass is needed.
         ring_r = ring.read_port()
 
         # ---------------------------------------------------------------- configuration
-        gflag = Signal(self.tenants)      # tenant has a guarantee (guar_rate != 0)
         m.d.comb += [
+            g_w.addr.eq(self.tenant_cfg.p.tenant), g_w.en.eq(self.tenant_cfg.valid),
+            g_w.data.eq(self.tenant_cfg.p.guar_rate != 0),
             rate_w.addr.eq(self.rate.p.qp), rate_w.data.eq(self.rate.p.rate),
             rate_w.en.eq(self.rate.valid),
             attr_w.addr.eq(self.attr.p.qp), attr_w.en.eq(self.attr.valid),
@@ -306,9 +316,6 @@ class TxScheduler(wiring.Component):
             tcfg_w.data.guar_rate.eq(self.tenant_cfg.p.guar_rate),
             tcfg_w.data.guar_burst.eq(self.tenant_cfg.p.guar_burst),
         ]
-        with m.If(self.tenant_cfg.valid):
-            m.d.sync += gflag.bit_select(self.tenant_cfg.p.tenant, 1).eq(
-                self.tenant_cfg.p.guar_rate != 0)
 
         # ---------------------------------------------------------------- ring pointers
         head = Array(Signal(IB + 1, name=f"head{r}") for r in range(R))
@@ -333,18 +340,23 @@ class TxScheduler(wiring.Component):
         h_turn = Signal()               # the held QP has pops left in its turn: hold its ring
         # The held QP pushed back goes straight into the probe pipeline (at p3) instead of its
         # ring: its ring and whether it would have been at the head are known at its decision.
+        # ``inj_hit`` (pp1 holds the held QP, popped, hold active) is a register, set from the
+        # push and the hold's next state (below, with the hold): it gates ``adv_up``, the
+        # enable of mask, head, p1 and p2 (cuts pp1.q == h_qp off that enable: -1.70 ns routed
+        # on the ECPIX-5 core at ec958a5, 186 failing endpoints).
         inj_hit = Signal()
-        m.d.comb += inj_hit.eq(pp1.v & h_act & h_popped & (pp1.q == h_qp))
         pp2 = Signal(data.StructLayout({"v": 1, "q": IB, "tenant": TB, "tcls": 3, "front": 1}))
         pp3 = Signal(data.StructLayout({"v": 1, "q": IB, "ring": RB, "front": 1}))
-        m.d.comb += [pa.addr.eq(self.push.p.qp), pr.addr.eq(self.push.p.qp)]
+        pg = rp["push", "g"]
+        m.d.comb += [pa.addr.eq(self.push.p.qp), pr.addr.eq(self.push.p.qp),
+                     pg.addr.eq(pp2.tenant)]
         m.d.sync += [
             pp1.v.eq(self.push.valid), pp1.q.eq(self.push.p.qp),
             pp2.v.eq(pp1.v & ~inj_hit), pp2.q.eq(pp1.q), pp2.tenant.eq(pa.data.tenant),
             pp2.tcls.eq(Mux(pa.data.tclass >= self.classes, self.classes - 1, pa.data.tclass)),
             pp2.front.eq(pr.data != 0),
             pp3.v.eq(pp2.v), pp3.q.eq(pp2.q), pp3.front.eq(pp2.front),
-            pp3.ring.eq(Cat(gflag.bit_select(pp2.tenant, 1), pp2.tcls[:CB])),
+            pp3.ring.eq(Cat(pg.data, pp2.tcls[:CB])),
         ]
 
         # ---------------------------------------------------------------- probe pipeline
@@ -381,7 +393,8 @@ class TxScheduler(wiring.Component):
         p5 = Signal(data.StructLayout({**qrec, "tenant": TB, "tclass": 3, "weight": 8, "rem": 8,
                                        "rate": RATE_BITS, "tok": signed(TW), "stamp": VW}))
         qv = {**qrec, "front": 1, "turn": 8, "unl": 1, "sat": 1}
-        p6 = Signal(data.StructLayout({**qv, "rate": RATE_BITS, "tok": signed(TW), "dv": DW}))
+        p6 = Signal(data.StructLayout({**qv, "rate": RATE_BITS, "tok": signed(TW), "dv": DW,
+                                       "g": 1, "tcls": 3}))
         p7 = Signal(data.StructLayout({**qv, "tok": signed(TW), "x": data.StructLayout(tiles),
                                        "cfg": _tcfg_layout(), "tb": _tbkt_layout()}))
         tb_rec = data.StructLayout({"on": 1, "tok": signed(TW), "sat": 1, "dv": DW,
@@ -410,17 +423,34 @@ class TxScheduler(wiring.Component):
             held.eq(Cat(h_act & ((h_lvl > r) | ((h_lvl == r) & h_turn)) for r in range(R))),
             pend.eq(Cat(p1.v & (p1.ring == r) for r in range(R))),
         ]
+        # Only p1.ring takes the selected ring's index ``sel_r`` (a priority encoder): the
+        # mask takes it as a one-hot (``top``, the highest candidate), p1.spec, p1.sh and ``hi``
+        # compare ``cand`` with masks decoded from registers (sel_r < x: no candidate >= x;
+        # sel_r is held: no candidate is free, ``held`` being every ring up to a level). Cuts
+        # head -> cand -> sel_r -> decode / bit select -> mask / p1.sh / p1.spec / hi (9.6 to
+        # 10.4 ns out of context at ec958a5; the logic behind the routed path into the mask's
+        # enable, -1.70 ns on the ECPIX-5 core at ec958a5, with inj_hit above).
         cand = Signal(R)
         m.d.comb += cand.eq(nonempty & ~mask & ~pend)
+        top = Signal(R)
+        m.d.comb += top.eq(Cat(cand[r] & ~cand[r + 1:].any() if r < R - 1 else cand[r]
+                               for r in range(R)))
         sel_r = Signal(RB)
         for r in range(R):                      # last assignment wins: highest ring
             with m.If(cand[r]):
                 m.d.comb += sel_r.eq(r)
+        free = Signal()                         # a candidate is not held (sel_r is not)
+        m.d.comb += free.eq((cand & ~held).any())
+
+        def sel_below(lvl):             # sel_r < lvl (when cand.any())
+            return ~(cand & Cat(lvl <= r for r in range(R))).any()
+
+        def sel_above(lvl):             # sel_r > lvl (and cand.any())
+            return (cand & Cat(lvl < r for r in range(R))).any()
         sel_go = Signal()
         m.d.comb += sel_go.eq(adv_up & cand.any())
         with m.If(adv_up):
-            m.d.sync += [p1.v.eq(cand.any()), p1.ring.eq(sel_r),
-                         p1.spec.eq(held.bit_select(sel_r, 1))]
+            m.d.sync += [p1.v.eq(cand.any()), p1.ring.eq(sel_r), p1.spec.eq(~free)]
 
         # p1: read the head of the selected ring (its pointer moves at the end of the clock).
         # A front write to that ring in the same clock puts its QP before the word read: the
@@ -455,26 +485,33 @@ class TxScheduler(wiring.Component):
                          p5.rem.eq(rp["probe", "rem"].data), p5.rate.eq(rp["probe", "rate"].data),
                          p5.tok.eq(pb4.tok), p5.stamp.eq(pb4.stamp)]
 
-        # p5: read the tenant's state; the QP pacer's elapsed rate clock; the turn a pop gives.
+        # p5: read the tenant's state; the QP pacer's elapsed rate clock; the turn a pop gives;
+        # the tenant's guarantee flag and the class (an injected QP's ring, set at p6).
         for key in ("tcfg", "tbkt"):
             m.d.comb += [rp["probe", key].addr.eq(p5.tenant), rp["probe", key].en.eq(adv)]
+        m.d.comb += rp["probe", "g"].addr.eq(p5.tenant)
         sat5, dv5 = _elapsed(vnow, p5.stamp)
-        ring5 = Cat(gflag.bit_select(p5.tenant, 1),
-                    Mux(p5.tclass >= self.classes, self.classes - 1, p5.tclass)[:CB])
         with m.If(adv):
-            carry(p6, p5, "v", "q", "inj", "spec", "rate", "tok")
+            carry(p6, p5, "v", "ring", "q", "inj", "ef", "spec", "rate", "tok")
             m.d.sync += [
                 p6.turn.eq(Mux(p5.rem != 0, p5.rem, Mux(p5.weight == 0, 1, p5.weight))),
                 p6.unl.eq(p5.rate == RATE_UNLIMITED), p6.sat.eq(sat5), p6.dv.eq(dv5),
                 p6.front.eq(p5.rem != 0),
-                p6.ring.eq(Mux(p5.inj, ring5, p5.ring)),
-                p6.ef.eq(p5.ef & (ring5 == p5.ring)),
+                p6.g.eq(rp["probe", "g"].data),
+                p6.tcls.eq(Mux(p5.tclass >= self.classes, self.classes - 1, p5.tclass)),
             ]
 
-        # p6: the tenant's state is out; the QP pacer's product tiles.
+        # p6: the tenant's state is out; the QP pacer's product tiles. An injected QP's ring
+        # (``ring6``; p6.ring is still the ring it was taken from) and whether it would have
+        # been first there, from the flag registered at p5 (read from t_g). Cuts p5.tenant ->
+        # mux over a register of ``tenants`` flags -> ring compare -> p6.ring / p6.ef: -3.34 ns
+        # routed on the ECPIX-5 core at ec958a5, the worst path of the core.
+        # ``higher`` below takes ring6 for p6.
+        ring6 = Cat(p6.g, p6.tcls[:CB])
         with m.If(adv):
-            carry(p7, p6, "v", "ring", "q", "inj", "ef", "spec", "front", "turn", "unl", "sat",
-                  "tok")
+            carry(p7, p6, "v", "q", "inj", "spec", "front", "turn", "unl", "sat", "tok")
+            m.d.sync += [p7.ring.eq(Mux(p6.inj, ring6, p6.ring)),
+                         p7.ef.eq(p6.ef & (ring6 == p6.ring))]
             m.d.sync += [p7.cfg.eq(rp["probe", "tcfg"].data), p7.tb.eq(rp["probe", "tbkt"].data)]
             m.d.sync += _tiles_eq(p7.x, p6.rate, p6.dv)
 
@@ -530,13 +567,18 @@ class TxScheduler(wiring.Component):
         hi = Signal()
         behind = (p1, p2, p3, p4, p5, p6, p7, p8, p9)
 
+        def above(s, lvl):              # the ring of probe s is above lvl
+            if s is p6:
+                return Mux(p6.inj, ring6 > lvl, p6.ring > lvl)
+            return s.ring > lvl
+
         def higher(lvl):
-            return (Cat(s.v & (s.spec | s.inj) & (s.ring > lvl) for s in behind[2:]).any()
+            return (Cat(s.v & (s.spec | s.inj) & above(s, lvl) for s in behind[2:]).any()
                     | Cat(s.v & s.spec & (s.ring > lvl) for s in behind[:2]).any()
                     | Cat(nonempty[r] & (lvl < r) for r in range(R)).any()
                     | (w.v & (w.ring > lvl)) | (pp3.v & (pp3.ring > lvl)) | pp2.v
                     | (pp1.v & ~inj_hit))
-        hi_adv = (higher(p10.ring) | (cand.any() & held.bit_select(sel_r, 1) & (sel_r > p10.ring))
+        hi_adv = (higher(p10.ring) | (~free & sel_above(p10.ring))
                   | (inj_now & (h_lvl > p10.ring)))
         hi_stay = higher(d.ring) | (p10.v & (p10.spec | p10.inj) & (p10.ring > d.ring))
         m.d.sync += hi.eq(Mux(adv, hi_adv, hi_stay))
@@ -571,9 +613,9 @@ class TxScheduler(wiring.Component):
         def shadowed(s, inj=True):
             hit = act_rb & (s.ring < d.ring)
             return s.sh | ((hit & ~s.inj) if inj else hit)
-        with m.If(adv_up):
-            m.d.sync += p1.sh.eq((act_rb & (sel_r < d.ring))
-                                 | (w.v & w.front & (sel_r < w.ring)))
+        with m.If(adv_up):          # (p1.sh of an empty slot, p1.v = 0, does not matter)
+            m.d.sync += p1.sh.eq((act_rb & sel_below(d.ring))
+                                 | (w.v & w.front & sel_below(w.ring)))
             m.d.sync += p2.sh.eq(shadowed(p1, inj=False))
         with m.Else():
             m.d.sync += [p1.sh.eq(shadowed(p1, inj=False)), p2.sh.eq(shadowed(p2, inj=False))]
@@ -613,10 +655,10 @@ class TxScheduler(wiring.Component):
         # The decision round's mask (a speculative probe does not count: its ring is probed
         # again once the hold ends).
         onehot = Signal(R)
-        m.d.comb += onehot.eq(Mux(sel_go & ~held.bit_select(sel_r, 1), 1 << sel_r, 0))
+        m.d.comb += onehot.eq(Mux(sel_go & free, top, 0))
         with m.If(place):
             m.d.sync += mask.eq(onehot)
-        with m.Elif(~(cand & ~held).any()):
+        with m.Elif(~free):
             m.d.sync += mask.eq(0)
         with m.Elif(sel_go):
             m.d.sync += mask.eq(mask | onehot)
@@ -641,14 +683,15 @@ class TxScheduler(wiring.Component):
         # The hold: lower levels wait while the QP in out is away. Once the held QP is back (in
         # the pipeline) the timer stops: the hold ends when it is placed again (a new hold) or
         # written to a ring (it is in its ring before any lower probe decides).
-        h_back = Signal()
+        h_back, h_end = Signal(), Signal()
+        m.d.comb += h_end.eq((w.v & (w.q == h_qp)) | ((h_timer == 0) & ~h_back & ~inj_hit))
         with m.If(place):
             m.d.sync += [h_act.eq(1), h_lvl.eq(d.ring), h_qp.eq(d.q), h_popped.eq(0),
                          h_back.eq(0), h_timer.eq(self.HOLD), h_turn.eq(d.turn != 1)]
         with m.Elif(h_act & h_popped):
             with m.If(inj_hit):
                 m.d.sync += h_back.eq(1)
-            with m.If((w.v & (w.q == h_qp)) | ((h_timer == 0) & ~h_back & ~inj_hit)):
+            with m.If(h_end):
                 m.d.sync += h_act.eq(0)
             with m.Elif(self.sent.valid & (self.sent.p.qp == h_qp) & (h_timer > self.SENT_HOLD)):
                 m.d.sync += h_timer.eq(self.SENT_HOLD)
@@ -656,6 +699,11 @@ class TxScheduler(wiring.Component):
                 m.d.sync += h_timer.eq(h_timer - 1)
         with m.If(popped):
             m.d.sync += h_popped.eq(1)
+        # inj_hit next clock: pp1 then holds this push; without ``place`` (a new hold, not yet
+        # popped: no hit; ``place`` and ``popped`` exclude each other) h_qp stays, h_popped
+        # becomes h_popped | popped and h_act stays unless the hold ends (above).
+        m.d.sync += inj_hit.eq(self.push.valid & (self.push.p.qp == h_qp) & ~place
+                               & h_act & ~(h_popped & h_end) & (h_popped | popped))
 
         self._charge_unit(m, vnow, rp, bkt_w, tbkt_w)
         return m
