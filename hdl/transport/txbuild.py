@@ -155,13 +155,18 @@ class TxBuilder(wiring.Component):
         # enable then start at flip-flops. At 512 bits a frame can be one beat: ready passes S1
         # on, for a descriptor per clock.
         # Then also the context is registered (ctx_r, a clock after it is read) before the
-        # record is built from it, and a descriptor takes three clocks at least: a frame still
-        # lasts eight. From the block RAM's output through the GID and traffic-class selects
+        # record is built from it, and a descriptor takes three clocks at least (four since
+        # gid_r, below): a frame still lasts eight. From the block RAM's output through the GID and traffic-class selects
         # to the record queue it was 10.4 ns routed on the ECPIX-5 core at 2c5ea0a.
+        # The GID and traffic-class selects are registered too (gid_r, tcm_r, a clock after
+        # ctx_r), and a descriptor takes four clocks at least: from ctx_r through the GID select
+        # (over the CSR bank's GID registers) into the record queue it missed 125 MHz by 1.0 ns
+        # on the ECPIX-5 core at e7458bf.
         registered_ready = frames_span_two_beats(self.data_width)
         s1_ctx = Signal()           # ctx_r holds S1's context
+        s1_sel = Signal()           # gid_r and tcm_r hold S1's selections
         push = Signal()
-        m.d.comb += push.eq(s1_valid & room & (s1_ctx if registered_ready else 1))
+        m.d.comb += push.eq(s1_valid & room & (s1_sel if registered_ready else 1))
         take = Signal()
         ready = ~s1_valid if registered_ready else ~s1_valid | push
         m.d.comb += [
@@ -180,26 +185,35 @@ class TxBuilder(wiring.Component):
             ctx = Signal.like(self.ctx_data, name="ctx_r")
             with m.If(s1_valid & ~s1_ctx):
                 m.d.sync += [ctx.eq(self.ctx_data), s1_ctx.eq(1)]
+            with m.If(s1_ctx & ~s1_sel):
+                m.d.sync += s1_sel.eq(1)
             with m.If(push):
-                m.d.sync += s1_ctx.eq(0)
+                m.d.sync += [s1_ctx.eq(0), s1_sel.eq(0)]
         else:
             ctx = self.ctx_data
-        gid = Signal(gid_layout())
+        gid_c = Signal(gid_layout())
         with m.Switch(ctx.sgid_index):
             for i in range(GIDS):
                 with m.Case(i):
-                    m.d.comb += gid.eq(self.gid[i])
+                    m.d.comb += gid_c.eq(self.gid[i])
         r = Signal(rec_l)
         # DSCP / 802.1p priority: the QP's own (traffic_class, sl), its traffic class's marking
         # when that is enabled, or the CNP marking for CNPs (never ECN-capable: a switch must not
         # mark the notification itself).
         cnp = Signal()
         m.d.comb += cnp.eq(s1.opcode == CNP_OPCODE)
-        tcm = Signal(marking_layout())
+        tcm_c = Signal(marking_layout())
         with m.Switch(ctx.sl):
             for i in range(CLASSES):
                 with m.Case(i):
-                    m.d.comb += tcm.eq(self.tc_mark[i])
+                    m.d.comb += tcm_c.eq(self.tc_mark[i])
+        if registered_ready:
+            # loaded on every clock: ctx_r holds while S1 waits, so they are S1's from s1_sel on
+            gid = Signal(gid_layout(), name="gid_r")
+            tcm = Signal(marking_layout(), name="tcm_r")
+            m.d.sync += [gid.eq(gid_c), tcm.eq(tcm_c)]
+        else:
+            gid, tcm = gid_c, tcm_c
         dscp, ecn, pcp = Signal(6), Signal(2), Signal(3)
         with m.If(cnp):
             m.d.comb += [dscp.eq(self.cnp_mark.dscp), ecn.eq(0), pcp.eq(self.cnp_mark.pcp)]
