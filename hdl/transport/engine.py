@@ -586,7 +586,8 @@ class RcTransport(wiring.Component):
         # included) is wissued itself in the clock the entry is written to pdq, one clock after
         # the decision: it then counts that clock's write.
         wissued1 = Signal(16, init=1)
-        with m.If(mv_push & mve.write):
+        mv_wr = Signal()            # (mv_push & mve.write, from flip-flops: elaborate, below)
+        with m.If(mv_wr):
             m.d.sync += [wissued.eq(wissued1), wissued1.eq(wissued1 + 1)]
 
         def cqe_for_wqe(cq, wqe, status):
@@ -887,6 +888,58 @@ class RcTransport(wiring.Component):
             syn_known.eq((op != O.ACKNOWLEDGE) | (syn_c[5:8] == Syndrome.ACK)
                          | (syn_c[5:8] == Syndrome.RNR_NAK) | (syn_c[5:8] == Syndrome.NAK)),
             ackreq_r.eq(rec.bth_ackreq),
+        ]
+        # The responder's fields of the state word (rq_tail, rq_off, in_msg, nak_sent, wcur,
+        # wrem, wlen, ack_cnt), and INIT's reset of them, chosen by flip-flops of their own
+        # registered with rs (stage 3, valid in DO: the event, the packet, s, rqe and the init
+        # word hold still from LOAD/CHK2 on), one or two per field: DO's word then takes each of
+        # these fields through one LUT (select, new value, s's) rather than through the
+        # responder's decision and the event flip-flops (do_rx -> rs_drop/rs_inv -> ns.wcur ->
+        # ns_do_r: 109 failing endpoints, -4.49 ns, 6 LUT levels routed on the ECPIX-5 core at
+        # e7458bf). Outside the event they are 0 (the other events keep s's fields); the word
+        # is written only when DO decides, and with the RX event only for a request.
+        rx_c = ev == _Ev.RX
+        init_rst = (init.mask[QP_CONTEXT.index["state"]]
+                    & ((init.ctx.state == QpState.RESET) | (init.ctx.state == QpState.INIT)))
+        init_a = Signal()           # INIT re-initializes the requester's fields (LOAD on)
+        m.d.sync += init_a.eq(init.mask[QP_CONTEXT.index["sq_psn"]] | init_rst)
+        ib_c = (ev == _Ev.INIT) & (init.mask[QP_CONTEXT.index["epsn"]] | init_rst)
+        exp_c = st_ok & ~behind & ~ahead            # the expected PSN
+        ahd_c = st_ok & ~behind & ahead
+        nak_c = rs_inv | mr_fail | rs_rnr | send_over
+        over_c = rx_c & exp_c & ~rs_inv & ~mr_fail & ~rs_rnr & send_over
+        acc_c = rx_c & exp_c & ~nak_c               # accepted
+        R_msg_end, R_with_imm = dec_r["msg_end"], dec_r["with_imm"]
+        rsel = _regs("rsel", (("init", 1), ("wc", 1), ("wl", 1), ("rqt", 1), ("rqo_t", 1),
+                              ("rqo_0", 1), ("ack0", 1), ("ackinc", 1), ("mvw", 1),
+                              ("in_msg", 2), ("nak_sent", 1)))
+        rsp_wrem = Signal(32)       # (stage 2) WRITE bytes left after this packet
+        rsp_wlen = Signal(32)       # (LOAD on) the RETH's length
+        rsp_ack1 = Signal(8)        # (stage 1) s.ack_cnt + 1
+        rsp_waddr = Signal(64)      # (stage 1) where a WRITE packet's payload goes
+        mv_addr_rx = Signal(64)     # (stage 3) where a request packet's payload goes
+        m.d.sync += [
+            rsp_wrem.eq(wrem_in - plen),
+            rsp_wlen.eq(rec.reth_dma_length),
+            rsp_ack1.eq(s.ack_cnt + 1),
+            rsp_waddr.eq(Mux(R_first | R_only, ann.bus_addr, s.wcur)),
+            mv_addr_rx.eq(Mux(R_is_write, rsp_waddr, rsp_saddr)),
+            rsel.init.eq(ib_c),
+            rsel.wc.eq(acc_c & R_is_write),
+            rsel.wl.eq(acc_c & R_is_write & (R_first | R_only)),
+            rsel.rqt.eq(over_c | (acc_c & ((R_is_write & R_with_imm) | (R_is_send & R_msg_end)))),
+            rsel.rqo_t.eq(acc_c & R_is_send & ~R_msg_end),
+            rsel.rqo_0.eq(ib_c | over_c | (acc_c & R_is_send & R_msg_end)),
+            rsel.ack0.eq(ib_c | (rx_c & ((st_ok & behind & ~R_is_read & ackreq_r)
+                                         | (ahd_c & ~s.nak_sent) | (exp_c & nak_c)))
+                         | (acc_c & ~R_is_read & (ackreq_r | rsp_ack_due))),
+            rsel.ackinc.eq(acc_c & ~R_is_read & ~ackreq_r & ~rsp_ack_due),
+            rsel.mvw.eq(req_r & acc_c & (R_is_write | R_is_send) & plen_nz),
+            rsel.in_msg.eq(Mux(ib_c | over_c, _InMsg.NONE,
+                               Mux(acc_c & R_first, Mux(R_is_send, _InMsg.SEND, _InMsg.WRITE),
+                                   Mux(acc_c & R_msg_end, _InMsg.NONE, s.in_msg)))),
+            rsel.nak_sent.eq(Mux(ib_c, 0, Mux(rx_c & (ahd_c | (exp_c & nak_c)), 1,
+                                               Mux(acc_c, 0, s.nak_sent)))),
         ]
         resp_valid = Signal()       # registered (s and the packet hold still from GOT to DO)
         m.d.sync += resp_valid.eq(p_una < sent_span)
@@ -1472,6 +1525,7 @@ class RcTransport(wiring.Component):
         # ev); do_go says where DO goes next (GO_STAY: it waits for room). From the state
         # register through the decision to the state word it was 9 LUT levels, 12.6 ns routed
         # on the ECPIX-5 core at 41d0b9a.
+        arx_mvw = Signal()          # AFTER_RX moves the READ response's payload
         with m.If(in_arx):
             self._after_rx(m, locals())
 
@@ -1479,13 +1533,8 @@ class RcTransport(wiring.Component):
         self._send_desc(m, locals())        # (the SEND event's packet, in every clock)
         # ------------------------------------------------ host wrote the context
         with m.If(do_ev[_Ev.INIT]):
-            msk = init.mask
             wctx = init.ctx
-            reset = Signal()
-            m.d.comb += reset.eq(msk[QP_CONTEXT.index["state"]]
-                                 & ((wctx.state == QpState.RESET)
-                                    | (wctx.state == QpState.INIT)))
-            with m.If(msk[QP_CONTEXT.index["sq_psn"]] | reset):
+            with m.If(init_a):      # (registered: sq_psn written, or state RESET / INIT)
                 m.d.comb += [
                     ns.sq_head.eq(0), ns.sq_tail.eq(0), ns.sq_cur.eq(0),
                     ns.cur_off.eq(0), ns.npsn.eq(wctx.sq_psn), ns.una.eq(wctx.sq_psn),
@@ -1494,12 +1543,8 @@ class RcTransport(wiring.Component):
                     ns.err.eq(0), ns.rnr_wait.eq(0), ns.lost_rd.eq(0),
                     *disarm_timer(1),
                 ]
-            with m.If(msk[QP_CONTEXT.index["epsn"]] | reset):
-                m.d.comb += [
-                    ns.rq_head.eq(0), ns.rq_tail.eq(0), ns.rq_off.eq(0),
-                    ns.nak_sent.eq(0), ns.in_msg.eq(_InMsg.NONE), ns.wcur.eq(0),
-                    ns.wrem.eq(0), ns.wlen.eq(0), ns.ack_cnt.eq(0),
-                ]
+            with m.If(rsel.init):   # (epsn written, or state RESET / INIT; rsel: below)
+                m.d.comb += ns.rq_head.eq(0)
             m.d.comb += [*write_state(ns), initq.r_en.eq(1)]
             m.d.comb += do_go.eq(GO_IDLE)
 
@@ -1516,7 +1561,7 @@ class RcTransport(wiring.Component):
                 m.d.comb += do_go.eq(GO_WALK)
             with m.Else():
                 with m.If(mvq_room):
-                    m.d.comb += [rx_take.eq(1), mv_push.eq(1), mve.write.eq(0)]
+                    m.d.comb += [rx_take.eq(1), mv_push.eq(1)]     # (mve.write: 0, below)
                     with m.If(resp_r):
                         m.d.comb += csr.rx_stale_inc.eq(1)
                     with m.Elif(cnp_r):
@@ -1576,6 +1621,28 @@ class RcTransport(wiring.Component):
                     self.rr.ready.eq(1), self.rq_retire.valid.eq(1),
                 ]
                 m.d.comb += do_go.eq(GO_IDLE)
+
+        # ------------------------------------------------ the responder's fields, the mover entry
+        # (after the events: these assignments are the fields' only ones in ns; rsel and the new
+        # values are registered, elaborate above)
+        m.d.comb += [
+            ns.wcur.eq(Mux(rsel.wc, rsp_wcur, Mux(rsel.init, 0, s.wcur))),
+            ns.wrem.eq(Mux(rsel.wc, rsp_wrem, Mux(rsel.init, 0, s.wrem))),
+            ns.wlen.eq(Mux(rsel.wl, rsp_wlen, Mux(rsel.init, 0, s.wlen))),
+            ns.rq_tail.eq(Mux(rsel.rqt, s.rq_tail + 1, Mux(rsel.init, 0, s.rq_tail))),
+            ns.rq_off.eq(Mux(rsel.rqo_t, send_total[:32], Mux(rsel.rqo_0, 0, s.rq_off))),
+            ns.ack_cnt.eq(Mux(rsel.ack0, 0, Mux(rsel.ackinc, rsp_ack1, s.ack_cnt))),
+            ns.in_msg.eq(rsel.in_msg),
+            ns.nak_sent.eq(rsel.nak_sent),
+        ]
+        # The mover entry: a request packet's (DO; written only if accepted, rsel.mvw) or a READ
+        # response's (AFTER_RX, in_arx); its address and length in every clock.
+        m.d.comb += [
+            mve.write.eq(Mux(in_arx, arx_mvw, rsel.mvw)),
+            mve.addr.eq(Mux(in_arx, rc.maddr, mv_addr_rx)),
+            mve.len.eq(plen),
+            mv_wr.eq(Mux(in_arx, arx_mvw, do_ev[_Ev.RX] & rsel.mvw)),
+        ]
         return m
 
     # ------------------------------------------------------------------ decisions
@@ -1598,14 +1665,13 @@ class RcTransport(wiring.Component):
                 m.d.comb += pd_push.eq(~v.mr_fail)
                 m.d.comb += v.pd_read_job(ictx.msn)
             with m.Elif(v.ackreq_r):
-                m.d.comb += [pd_push.eq(1), *v.pd_ack(ictx.epsn - 1, ack_syndrome(), ictx.msn),
-                             ns.ack_cnt.eq(0)]
+                m.d.comb += [pd_push.eq(1), *v.pd_ack(ictx.epsn - 1, ack_syndrome(), ictx.msn)]
         with m.Elif(rs.ahead):
             m.d.comb += csr.rx_out_of_sequence_inc.eq(1)
             with m.If(~s.nak_sent):
                 m.d.comb += [pd_push.eq(1), *v.pd_ack(ictx.epsn, nak_syndrome(NakCode.PSN_SEQ_ERR),
                                                       ictx.msn),
-                             ns.nak_sent.eq(1), ns.ack_cnt.eq(0), csr.tx_naks_inc.eq(1)]
+                             csr.tx_naks_inc.eq(1)]
         with m.Else():
             with m.If(rs.inv):
                 m.d.comb += nak_syn.eq(nak_syndrome(NakCode.INV_REQ))
@@ -1617,64 +1683,42 @@ class RcTransport(wiring.Component):
                 # the message does not fit the receive buffer: the WQE completes in error
                 # (the completion's fields: cqe_rx, elaborate)
                 m.d.comb += [nak_syn.eq(nak_syndrome(NakCode.INV_REQ)), pde.has_cqe.eq(1),
-                             ns.rq_tail.eq(s.rq_tail + 1), ns.rq_off.eq(0),
-                             ns.in_msg.eq(_InMsg.NONE), self.rq_retire.valid.eq(1)]
+                             self.rq_retire.valid.eq(1)]
             with m.Else():
                 self._accept(m, ns, pde, pd_push, mve, v)
             with m.If(rs.nak):
                 m.d.comb += [pd_push.eq(1), *v.pd_ack(psn, nak_syn, ictx.msn),
-                             ns.nak_sent.eq(1), ns.ack_cnt.eq(0), csr.tx_naks_inc.eq(1)]
+                             csr.tx_naks_inc.eq(1)]
 
     def _accept(self, m, ns, pde, pd_push, mve, v):
-        """Responder: an in-sequence request that passed every check."""
-        csr, rec, ann, s = self.csr, v.rec, v.ann, v.s
-        psn, plen = v.psn, v.plen
+        """Responder: an in-sequence request that passed every check. (Its fields of the state
+        word and the mover entry are chosen by registered selects: rsel, elaborate.)"""
+        csr = self.csr
+        psn = v.psn
         m.d.comb += [
             csr.rx_requests_inc.eq(1),
             v.wb_go.eq(1),              # the write-back, a clock later with the take (elaborate)
-            ns.nak_sent.eq(0),
         ]
-        with m.If(v.first):
-            m.d.comb += ns.in_msg.eq(Mux(v.is_send, _InMsg.SEND, _InMsg.WRITE))
-        with m.Elif(v.msg_end):
-            m.d.comb += ns.in_msg.eq(_InMsg.NONE)
         with m.If(v.is_write):
-            addr = Signal(64)
-            m.d.comb += [
-                addr.eq(Mux(v.first | v.only, ann.bus_addr, s.wcur)),
-                mve.write.eq(v.plen_nz), mve.addr.eq(addr), mve.len.eq(plen),
-                ns.wcur.eq(v.rsp_wcur), ns.wrem.eq(v.wrem_in - plen),     # addr + plen
-            ]
-            with m.If(v.first | v.only):
-                m.d.comb += ns.wlen.eq(rec.reth_dma_length)
             with m.If(v.with_imm):
                 m.d.comb += [
-                    ns.rq_tail.eq(s.rq_tail + 1), self.rq_retire.valid.eq(1),
+                    self.rq_retire.valid.eq(1),
                     pde.has_cqe.eq(1), pd_push.eq(1),     # (the completion: cqe_rx)
                 ]
         with m.If(v.is_send):
-            m.d.comb += [
-                mve.write.eq(v.plen_nz), mve.addr.eq(v.rsp_saddr), mve.len.eq(plen),
-                ns.rq_off.eq(Mux(v.msg_end, 0, v.send_total)),
-            ]
             with m.If(v.msg_end & v.with_inv):
                 # the receiving side invalidates the MR the IETH names (if it is the QP's own)
                 m.d.comb += v.inv_push.eq(1)    # (invq's data: rkey, tenant, pd)
             with m.If(v.msg_end):
                 m.d.comb += [
-                    ns.rq_tail.eq(s.rq_tail + 1), self.rq_retire.valid.eq(1),
+                    self.rq_retire.valid.eq(1),
                     pde.has_cqe.eq(1), pd_push.eq(1),     # (the completion: cqe_rx)
                 ]
         with m.If(v.is_read):
             m.d.comb += [pd_push.eq(1), *v.pd_read_job(v.new_msn)]
         with m.Else():
-            count = Signal(9)
-            m.d.comb += count.eq(s.ack_cnt + 1)
             with m.If(v.ackreq_r | v.rsp_ack_due):     # count >= ack_coalesce != 0
-                m.d.comb += [pd_push.eq(1), *v.pd_ack(psn, ack_syndrome(), v.new_msn),
-                             ns.ack_cnt.eq(0)]
-            with m.Else():
-                m.d.comb += ns.ack_cnt.eq(count)
+                m.d.comb += [pd_push.eq(1), *v.pd_ack(psn, ack_syndrome(), v.new_msn)]
 
     def _send_desc(self, m, env):
         """Requester: the packet a SEND event sends, made in every clock (txq and the sent
@@ -1785,13 +1829,12 @@ class RcTransport(wiring.Component):
         """Requester: act on a response once the walk has completed what it covers."""
         v = SimpleNamespace(**env)
         csr, s, c, w, rc = self.csr, v.s, v.c, v.w, v.rc
-        plen = v.plen
         # (pdq and mvq have room: checked in RX_CHK2)
         ns = v.ns_resp
-        m.d.comb += [v.rx_take.eq(1), v.mv_push.eq(1), v.mve.write.eq(0)]
+        m.d.comb += [v.rx_take.eq(1), v.mv_push.eq(1)]
         # what an accepted READ response moves and (its last) completes, in every clock
         # (and the pdq entry it pushes: w's completion, made outside DO in elaborate)
-        m.d.comb += [v.mve.addr.eq(rc.maddr), v.mve.len.eq(plen)]
+        # (mve.addr: rc.maddr, mve.len: plen, elaborate)
         at_una = Signal()
         m.d.comb += at_una.eq(rc.at_una)
         una_b = Signal()        # ns.una = psn + 1 (an accepted READ response), else s.una
@@ -1848,7 +1891,7 @@ class RcTransport(wiring.Component):
                 with m.If(ok):
                     m.d.comb += [
                         csr.rx_acks_inc.eq(1),
-                        v.mve.write.eq(v.plen_nz),
+                        v.arx_mvw.eq(v.plen_nz),
                         ns.una.eq(rc.psn1), una_b.eq(1),
                         ns.retry_left.eq(c.retry_cnt), ns.rnr_left.eq(c.rnr_retry),
                     ]
