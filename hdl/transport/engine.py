@@ -1083,7 +1083,8 @@ class RcTransport(wiring.Component):
                             ("moved_a", 1), ("moved_b", 1), ("past_a", 1), ("past_b", 1),
                             ("cur_off_a", 32), ("cur_off_b", 32), ("idle_a", 1), ("idle_b", 1),
                             ("plen_rem", 1), ("plen_mtu", 1), ("lastpkt", 1), ("maddr", 64),
-                            ("cur_ne", 1), ("tail_ne", 1), ("tail1_ne", 1), ("rd_ok", 1)))
+                            ("cur_ne", 1), ("tail_ne", 1), ("tail1_ne", 1), ("rd_ok", 1),
+                            ("done", 1), ("pre_b", 1)))
         rd_starts = Signal()
         m.d.comb += rd_starts.eq((op == O.READ_RESP_FIRST) | (op == O.READ_RESP_ONLY))
         rd_ends = Signal()
@@ -1113,6 +1114,16 @@ class RcTransport(wiring.Component):
             rc.cur_off_b.eq(shl_mtu((rc.psn1 - w.first_psn)[:24], "rc_cur_off_b_c")),
             rc.idle_b.eq(rc.psn1 == s.npsn),
             rc.plen_rem.eq(plen == w.length - rc.off),
+            # (stage 2, from stage 1 and after, set by the walk a clock before RX_CHK1)
+            # AFTER_RX's done (no rewind, no fatal end) and whether it takes an accepted READ
+            # response but for rd_ok (una_b, below): from c.rnr_retry through done into the
+            # state word and the timer it was 7 LUT levels (c -> ns_oth_r: 25 failing
+            # endpoints, -2.62 ns, c -> tmr_wr_p__data: 17, routed on the ECPIX-5 core at e7458bf)
+            rc.done.eq(~(((after == A_SEQ) & rc.at_una) | (after == A_LOSTREAD)
+                         | ((after == A_RNR) & rc.at_una & (c.rnr_retry != 7)
+                            & (Mux(rc.moved_a, c.rnr_retry, s.rnr_left) == 0))
+                         | (after == A_FATAL))),
+            rc.pre_b.eq((after == A_READ) & rc.at_una & rc.tail_ne),
             # stage 3 (packet, w and c only)
             rc.lastpkt.eq(rc.rem <= mtu),
             rc.maddr.eq(w.laddr + rc.off),
@@ -1130,11 +1141,21 @@ class RcTransport(wiring.Component):
                             ("va", 64), ("addr", 64), ("off_mtu", 32), ("mark", 1),
                             ("after", 25), ("after_ge", 1), ("new_npsn", 24), ("hp_diff", 24),
                             ("lst", 1), ("last", 24), ("cur_ne", 1), ("cur1_ne", 1)))
+        # cur_off for stage 1, a copy of s.cur_off of its own (loaded from the qs read in every
+        # clock: qs_rd.data holds the event's word from GOT to its decision, so it equals s's
+        # from EVAL to DO, where sd is used): s's fans out over the whole machine (s.cur_off ->
+        # sd_rd_q: 24 failing endpoints, -1.08 ns routed on the ECPIX-5 core at e7458bf, its
+        # first net 69 tiles).
+        s_co = Signal(32)
+        m.d.sync += s_co.eq(qs_rd.data.cur_off)
         sd_rem_c = Signal(32)
-        m.d.comb += sd_rem_c.eq(w.length - s.cur_off)
+        m.d.comb += sd_rem_c.eq(w.length - s_co)
         assert len(w.length) == len(s.cur_off) == 32
+        # The WQE's READ flag is registered (stage 1: w valid from CHK1; stage 2 and DO use it):
+        # from w.opcode through it into stage 2's sums it was -0.60 ns routed on the ECPIX-5
+        # core at e7458bf (w -> sd_hp_diff: 20 failing endpoints, and sd_after_ge).
         sd_rd = Signal()
-        m.d.comb += sd_rd.eq(w.opcode == WrOpcode.RDMA_READ)
+        m.d.sync += sd_rd.eq(w.opcode == WrOpcode.RDMA_READ)
         sd_mask = Signal(16)
         m.d.comb += sd_mask.eq((Const(1, 17) << csr.ackreq_shift)[:16] - 1)
         # The READ's packet count rd_n (the rest of the WQE) is registered less one (rd_q), and
@@ -1145,7 +1166,7 @@ class RcTransport(wiring.Component):
         # (consumed = rd_n for a READ, else 1: x + consumed = x + sd_b + sd_c).
         sd_lm1 = Signal(32)         # w.length - cur_off - 1 (+ ~cur_off: one carry chain)
         sd_l0 = Signal()
-        m.d.comb += [sd_lm1.eq((w.length + ~s.cur_off)[:32]), sd_l0.eq(w.length == s.cur_off)]
+        m.d.comb += [sd_lm1.eq((w.length + ~s_co)[:32]), sd_l0.eq(w.length == s_co)]
         sd_b = Signal(24)
         sd_c = Signal()
         m.d.comb += [sd_b.eq(Mux(sd_rd & ~sd.rd_wrap, sd.rd_q, 0)),
@@ -1172,7 +1193,7 @@ class RcTransport(wiring.Component):
         m.d.sync += [
             # stage 1
             sd.rem.eq(sd_rem_c),
-            sd.f.eq(s.cur_off == 0),
+            sd.f.eq(s_co == 0),
             # (length - cur_off - 1 = length + ~cur_off for equal widths: one carry chain)
             sd.rd_q.eq(npkts_m1(sd_rem_c, mtu_shift, lm1_zero=(sd_lm1, sd_l0))),
             sd.rd_wrap.eq((mtu_shift == 8) & (sd_lm1[8:] == 0xFFFFFF) & ~sd_l0),
@@ -1180,9 +1201,9 @@ class RcTransport(wiring.Component):
             # (TIMEOUT's test, in DO: from s through the subtraction into the FSM's next state
             # it was 8.6 LUT levels out of context)
             sd.out_nz.eq(s.npsn != s.una),
-            sd.va.eq(w.raddr + s.cur_off),
-            sd.addr.eq(w.laddr + s.cur_off),
-            sd.off_mtu.eq(s.cur_off + mtu),
+            sd.va.eq(w.raddr + s_co),
+            sd.addr.eq(w.laddr + s_co),
+            sd.off_mtu.eq(s_co + mtu),
             sd.mark.eq((s.npsn[:16] & sd_mask) == sd_mask),
             sd.cur_ne.eq(s.sq_cur != s.sq_head),            # the "more work" tests
             sd.cur1_ne.eq((s.sq_cur + 1)[:len(s.sq_cur)] != s.sq_head),
@@ -1839,8 +1860,9 @@ class RcTransport(wiring.Component):
         m.d.comb += at_una.eq(rc.at_una)
         una_b = Signal()        # ns.una = psn + 1 (an accepted READ response), else s.una
         tail_inc = Signal()     # ns.sq_tail = s.sq_tail + 1 (that READ completed)
-        done = Signal()         # write ns and finish (no rewind / fatal)
-        m.d.comb += done.eq(1)
+        done = Signal()         # write ns and finish (no rewind / fatal; registered)
+        m.d.comb += [done.eq(rc.done), una_b.eq(rc.pre_b & rc.rd_ok),
+                     tail_inc.eq(una_b & rc.lastpkt)]
         # a walk that completed WQEs is progress: the retry budget starts afresh
         eff_retry = Signal(3)
         m.d.comb += eff_retry.eq(Mux(rc.moved_a, c.retry_cnt, s.retry_left))
@@ -1851,7 +1873,7 @@ class RcTransport(wiring.Component):
                 m.d.comb += csr.rx_acks_inc.eq(1)
             with m.Case(v.A_SEQ, v.A_LOSTREAD):
                 with m.If(at_una | (v.after == v.A_LOSTREAD)):
-                    m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0),
+                    m.d.comb += [csr.rx_acks_inc.eq(1),
                                  ns.lost_rd.eq(v.after == v.A_LOSTREAD)]
                     with m.If(eff_retry == 0):
                         m.d.sync += [v.fatal_status.eq(WcStatus.RETRY_EXC_ERR),
@@ -1864,8 +1886,7 @@ class RcTransport(wiring.Component):
             with m.Case(v.A_RNR):
                 with m.If(at_una):
                     m.d.comb += csr.rx_acks_inc.eq(1)
-                    with m.If((eff_rnr == 0) & (c.rnr_retry != 7)):
-                        m.d.comb += done.eq(0)
+                    with m.If(~done):       # (eff_rnr == 0) & (c.rnr_retry != 7)
                         m.d.sync += [v.fatal_status.eq(WcStatus.RNR_RETRY_EXC_ERR),
                                      v.after.eq(v.A_FATAL)]
                     with m.Else():
@@ -1879,7 +1900,7 @@ class RcTransport(wiring.Component):
                 with m.Else():
                     m.d.comb += csr.rx_stale_inc.eq(1)
             with m.Case(v.A_FATAL):
-                m.d.comb += [csr.rx_acks_inc.eq(1), done.eq(0)]
+                m.d.comb += csr.rx_acks_inc.eq(1)
             with m.Case(v.A_READ):
                 # READ response at una for the oldest WQE, a READ, in position
                 lastpkt = Signal()      # w.length - ((psn - first_psn) << mtu_shift) <= mtu
@@ -1887,16 +1908,16 @@ class RcTransport(wiring.Component):
                 # rc.rd_ok: w is a READ that has been sent, the packet is in position and its
                 # length right (registered, stage 4: packet and w only)
                 ok = Signal()
-                m.d.comb += ok.eq(at_una & rc.tail_ne & rc.rd_ok)
+                m.d.comb += ok.eq(una_b)     # at_una & rc.tail_ne & rc.rd_ok
                 with m.If(ok):
                     m.d.comb += [
                         csr.rx_acks_inc.eq(1),
                         v.arx_mvw.eq(v.plen_nz),
-                        ns.una.eq(rc.psn1), una_b.eq(1),
+                        ns.una.eq(rc.psn1),
                         ns.retry_left.eq(c.retry_cnt), ns.rnr_left.eq(c.rnr_retry),
                     ]
                     with m.If(lastpkt):
-                        m.d.comb += [ns.sq_tail.eq(s.sq_tail + 1), tail_inc.eq(1),
+                        m.d.comb += [ns.sq_tail.eq(s.sq_tail + 1),
                                      self.sq_retire.valid.eq(1),
                                      v.pd_push.eq(w.signaled)]
                 with m.Else():
