@@ -62,6 +62,8 @@ Ports (``I`` = ``index_bits``, ``U`` = ``user_width``, ``ctx`` = ``qp_context_la
                       ``QP_CONTEXT``) is set with those of ``ctx``.
   ``host_resp``  out  stream ``{ctx}``, always ready: one-cycle pulse when a host operation is
                       done: READ -> the context; WRITE -> the context as written (merged).
+  ``req_ok``     out  ``req.ready`` as it is while ``req.valid`` is high, without looking at
+                      ``req.valid``: a producer may take its read enable from it.
   ``host_hold``  in   1: while high, a host operation at the head waits (tie low if unused). A
                       consumer that holds packets it took, or writes back later, keeps it high
                       until their write-backs have reached ``wb``, so that a host operation
@@ -135,6 +137,7 @@ class QpContextStore(wiring.Component):
                 "op": QpHostOp, "index": ib, "ctx": ctx, "mask": len(QP_CONTEXT.fields)}))),
             "host_resp": Out(stream.Signature(data.StructLayout({"ctx": ctx}), always_ready=True)),
             "host_hold": In(1),
+            "req_ok": Out(1),
         })
 
     @staticmethod
@@ -200,15 +203,28 @@ class QpContextStore(wiring.Component):
         w_addr = Signal(ib)
         w_data = Signal(WD)
         m.d.comb += [wr.en.eq(w_en), wr.addr.eq(w_addr), wr.data.eq(w_data)]
+        # The write the copies snoop (``s_*``). With host fields it is the write-back alone: a
+        # host WRITE lands when no token is in flight behind it and no read samples at its edge
+        # (nothing issues while a host operation is in the pipeline, up to and including the
+        # clock its write lands; see the consistency contract), so no copy can hold its QP's
+        # old context. The snoops then start at ``wb``'s flip-flops, not at the host operation's
+        # done decision (``host_hold``, the write-back's valid again) and the write port's
+        # multiplexer: from the registered write-back valid through host_done, the write enable
+        # and the snoop hit to the head it was -2.85 ns, 170 failing endpoints, routed on the
+        # ECPIX-5 core at c45f3e0. Without host fields a host write is snooped like a write-back.
+        s_en = Signal()
+        s_addr = Signal(ib)
+        s_data = Signal(WD)
 
         # The last write, registered: it overrides the memory output for a read sampled at the
-        # same edge as the write (undefined on the EBR, so never looked at).
+        # same edge as the write (undefined on the EBR, so never looked at). The snooped write
+        # is enough: no read samples at the edge of a host write that is not snooped.
         lw_valid = Signal()
         lw_addr = Signal(ib)
         lw_data = Signal(WD)
-        m.d.sync += lw_valid.eq(w_en)
-        with m.If(w_en):
-            m.d.sync += [lw_addr.eq(w_addr), lw_data.eq(w_data)]
+        m.d.sync += lw_valid.eq(s_en)
+        with m.If(s_en):
+            m.d.sync += [lw_addr.eq(s_addr), lw_data.eq(s_data)]
 
         # ------------------------------------------------------------ state
         level = Signal(range(Q + 1))         # valid queue entries (the head's included)
@@ -257,11 +273,18 @@ class QpContextStore(wiring.Component):
             m.d.comb += [
                 self.host.ready.eq(room & ~host_busy & ~pkt_first & host_seen),
                 self.req.ready.eq(room & ~host_busy & ~(host_seen & ~pkt_first)),
+                # req.ready with req.valid high: the producer's read enable (RxFlowPipeline's
+                # annq, whose output register's ~130 clock enables it drives) then does not
+                # wait on the valid through pkt_first (from host_busy through pkt_first and
+                # req.ready into those enables it was -0.94 ns routed on the ECPIX-5 core at
+                # c45f3e0).
+                self.req_ok.eq(room & ~host_busy & (~host_seen | pkt_turn)),
             ]
         else:
             m.d.comb += [
                 self.host.ready.eq(room & ~host_busy & host_seen),
                 self.req.ready.eq(room & ~(host_seen & ~host_busy)),
+                self.req_ok.eq(self.req.ready),
             ]
         m.d.comb += [
             room.eq(level + s1_valid < Q),
@@ -304,10 +327,10 @@ class QpContextStore(wiring.Component):
         incoming = Signal(entry)
         m.d.comb += [
             lw_hit.eq(lw_valid & (lw_addr == s1.index)),
-            w_hit_s1.eq(w_en & (w_addr == s1.index)),
+            w_hit_s1.eq(s_en & (s_addr == s1.index)),
             s1_ctx.eq(Mux(lw_hit, lw_data, rd.data)),
             incoming.tok.eq(s1),
-            incoming.ctx.eq(Mux(w_hit_s1, w_data, s1_ctx)),
+            incoming.ctx.eq(Mux(w_hit_s1, s_data, s1_ctx)),
         ]
         if split:
             m.d.comb += incoming.hctx.eq(hrd.data)
@@ -351,7 +374,11 @@ class QpContextStore(wiring.Component):
         ]
         if split:
             m.d.comb += [hwr.en.eq(host_done & h_write), hwr.addr.eq(head.tok.index),
-                         hwr.data.eq(self._part(merged, self.host_fields))]
+                         hwr.data.eq(self._part(merged, self.host_fields)),
+                         s_en.eq(self.wb.valid), s_addr.eq(self.wb.payload.index),
+                         s_data.eq(self._part(self.wb.payload.ctx.as_value(), self.wb_fields))]
+        else:
+            m.d.comb += [s_en.eq(w_en), s_addr.eq(w_addr), s_data.eq(w_data)]
         with m.If(host_done):
             m.d.sync += host_busy.eq(0)
 
@@ -369,7 +396,7 @@ class QpContextStore(wiring.Component):
         def snooped(e, name):
             out = Signal(entry, name=name)
             m.d.comb += [out.eq(e),
-                         out.ctx.eq(Mux(w_en & (w_addr == e.tok.index), w_data, e.ctx))]
+                         out.ctx.eq(Mux(s_en & (s_addr == e.tok.index), s_data, e.ctx))]
             return out
 
         head_free = Signal()
@@ -392,8 +419,8 @@ class QpContextStore(wiring.Component):
             m.d.sync += head.eq(snooped(oldest, "oldest_snooped"))
         with m.Elif(head_free):
             m.d.sync += head.eq(incoming)
-        with m.Elif(w_en & (w_addr == head.tok.index)):
-            m.d.sync += head.ctx.eq(w_data)
+        with m.Elif(s_en & (s_addr == head.tok.index)):
+            m.d.sync += head.ctx.eq(s_data)
         with m.If(head_free):
             m.d.sync += head_valid.eq((r_level != 0) | s1_valid)
         for k in range(R):
@@ -407,14 +434,14 @@ class QpContextStore(wiring.Component):
             # The entry at wp is never in the queue when a token comes in: the ring is not
             # full then, or the head takes the oldest entry in that same clock.
             m.d.comb += [
-                hit.eq(w_en & (w_addr == q[k].tok.index)),
+                hit.eq(s_en & (s_addr == q[k].tok.index)),
                 load.eq(s1_valid & (wp == k)),
             ]
             # Entries outside the queue snoop too: harmless, and no valid bit is needed.
             with m.If(load):
                 m.d.sync += q[k].eq(incoming)
             with m.Elif(hit):
-                m.d.sync += q[k].ctx.eq(w_data)
+                m.d.sync += q[k].ctx.eq(s_data)
         if R:
             with m.If(ring_write):
                 m.d.sync += wp.eq(advance(wp))

@@ -74,7 +74,8 @@ class Harness:
         d = dut
         self.in_bus = Cat(d.req.payload.as_value(), d.req.valid, d.host.payload.as_value(),
                           d.host.valid, d.resp.ready)
-        self.obs = Cat(d.resp.valid, d.resp.payload.as_value(), d.req.ready, d.host.ready)
+        self.obs = Cat(d.resp.valid, d.resp.payload.as_value(), d.req.ready, d.host.ready,
+                       d.req_ok)
         self.wb_bus = Cat(d.wb.payload.as_value(), d.wb.valid)
         self.host_obs = Cat(d.host_resp.valid, d.host_resp.payload.as_value())
         self.req_bits = len(d.req.payload.as_value())
@@ -115,6 +116,8 @@ class Harness:
         r_user &= (1 << uw) - 1
         rest = obs >> (1 + ib + W + uw)
         req_ready, host_ready = rest & 1, rest >> 1 & 1
+        if req is not None:
+            assert rest >> 2 & 1 == req_ready, f"edge {self.edge}: req_ok is not req.ready"
 
         taken = None
         if self._held is not None:
