@@ -57,8 +57,9 @@ each ``result[n]`` answering ``check[n]``):
 
 Parameters: ``entries`` (power of two, <= 65536), ``pages`` (1 .. 65536; page-table index
 width 16), ``checkers`` (independent check ports), ``tag_bits`` (width of the request tag).
-Latency: ``LATENCY = 5`` cycles (entry read; checks and page offset; page index and bounds;
-verdict and page-table read; registered answer), one request per clock per port.
+Latency: ``LATENCY = 6`` cycles (entry read; entry registered; checks and page offset; page
+index and bounds; verdict and page-table read; registered answer), one request per clock per
+port. (5 until the entry read data got a register of its own, with no logic in front of it.)
 
 Block RAM: each check port has its own read port of the entry and page memories; the command
 port has one read and one write port of each, on the same address, so Yosys maps them onto one
@@ -123,7 +124,7 @@ def _below(index, n):
 class MrProtection(wiring.Component):
     """The MR table and its check pipelines; see the module docstring for ports and semantics."""
 
-    LATENCY = 5
+    LATENCY = 6
 
     def __init__(self, entries=1024, pages=1024, *, checkers=1, tag_bits=0):
         assert 1 <= entries <= 1 << INDEX_BITS and entries & (entries - 1) == 0, entries
@@ -244,9 +245,25 @@ class MrProtection(wiring.Component):
             s1_key_oob.eq(index[ab:] != 0),
         ]
 
-        # ---- stage 1: the entry is out of the RAM; the cheap checks and every wide difference
-        # and sum that needs it, each on its own carry chain (one per signal, in parallel).
-        e = entry_r.data
+        # ---- stage 1: the entry is out of the RAM and registered as it leaves, with nothing on
+        # the way (a DP16KD output, 1.42 ns clock-to-out, then a long net: entry RAM -> page
+        # mask -> 64-bit subtract into ``from_page`` was -1.38 ns on 60 endpoints routed on the
+        # ECPIX-5 core at e7458bf; this stage made ``LATENCY`` 6).
+        e = sig("entry", mr_entry_layout())
+        s1r_valid = sig("s1r_valid", 1)
+        s1r = sig("s1r", check_layout(tb))
+        s1r_key_oob = sig("s1r_key_oob", 1)
+        m.d.sync += [
+            e.eq(entry_r.data),
+            s1r_valid.eq(s1_valid),
+            s1r.eq(s1),
+            s1r_key_oob.eq(s1_key_oob),
+        ]
+        s1, s1_valid, s1_key_oob = s1r, s1r_valid, s1r_key_oob
+
+        # ---- stage 2 (the registers ``s2_*`` it fills keep their names): the cheap checks and
+        # every wide difference and sum that needs the entry, each on its own carry chain (one
+        # per signal, in parallel).
         shift = e.page_shift
         mask = sig("mask", 32)          # P - 1 (page_shift <= 31)
         # A table of constants (each bit one 5-input function of the shift), not 32 compares:
@@ -294,9 +311,9 @@ class MrProtection(wiring.Component):
             s2["tag"].eq(s1.tag),
         ]
 
-        # ---- stage 2: the page index (page offset >> page shift, plus the page-list row) and
-        # every comparison that needs a carry chain; registered, so that the verdict of stage 3
-        # is a few LUTs of registered flags.
+        # ---- stage 3 (registers ``s3_*``): the page index (page offset >> page shift, plus the
+        # page-list row) and every comparison that needs a carry chain; registered, so that the
+        # verdict of the next stage is a few LUTs of registered flags.
         page = sig("page", 64)
         pidx = sig("pidx", INDEX_BITS + 1)
         page_ok = sig("page_ok", 1)
@@ -336,7 +353,7 @@ class MrProtection(wiring.Component):
             s3["tag"].eq(s2["tag"]),
         ]
 
-        # ---- stage 3: the answer is decided; the page-table read.
+        # ---- stage 4 (registers ``s4_*``): the answer is decided; the page-table read.
         m.d.comb += page_r.addr.eq(s3["row"])
         reason = sig("reason", 3)
         with m.If(s3["zero"]):
@@ -376,7 +393,7 @@ class MrProtection(wiring.Component):
             s4["tag"].eq(Mux(s3["valid"], s3["tag"], 0)),
         ]
 
-        # ---- stage 4: the page's bus address with the offset in the page; registered answer.
+        # ---- stage 5: the page's bus address with the offset in the page; registered answer.
         page_addr = sig("page_addr", 64)
         m.d.comb += page_addr.eq(Cat((page_r.data[:32] & ~s4["mask"]) | s4["va_low"],
                                      page_r.data[32:]))

@@ -17,16 +17,17 @@ same clock: the check port is transparent to the host's writes). When the answer
 - allowed with a non-zero length => the key's index is inside the table;
 - denied => ``bus_addr`` and ``span`` are 0 (a denial never carries an address).
 
-Depth 8 (steps 0-7): reset is step 0, so the earliest entry write and a check of it in the same
-clock (the transparent path) are step 1, answered at step 1 + ``LATENCY`` = 6; a check in step 2
-reads the entry from the memory itself (not the bypass) and is answered at step 7, and the
+Depth 9 (steps 0-8): reset is step 0, so the earliest entry write and a check of it in the same
+clock (the transparent path) are step 1, answered at step 1 + ``LATENCY`` = 7; a check in step 2
+reads the entry from the memory itself (not the bypass) and is answered at step 8, and the
 command port, busy for ``LATENCY`` cycles after that write, takes a second write of the same
-entry at step 6 while that check is in flight. Every behaviour of the check is a function of one
+entry at step 7 while that check is in flight. Every behaviour of the check is a function of one
 entry (as read in the request's clock) and one request: the checker keeps no other state than
 its ``LATENCY`` pipeline stages, and the page table only feeds the page-list bus address, which
 no property constrains. A longer trace only lets the entry hold a value that one write at step 1
 can give it as well, so a longer trace adds no new case (depth 7 was the same argument at
-``LATENCY`` = 4; the register stage that made it 5 added one step to every case).
+``LATENCY`` = 4 and depth 8 at 5; each register stage that made it 5, then 6 (the entry's read
+data registered) added one step to every case).
 ``test_mr_check_covers`` shows, within the depth, allowed answers through the bypass and through
 the memory, contiguous and page list, and one with a second write of the entry in flight, so the
 assertions are not vacuous; ``test_mr_planted_bug_fails`` shows a cross-tenant leak is caught.
@@ -47,7 +48,7 @@ from stellar.sim.formal import prove
 
 ENTRIES = 4
 PAGES = 4
-DEPTH = 8
+DEPTH = 9
 ENGINE = "smtbmc --syn z3"
 
 
