@@ -17,6 +17,10 @@ Ports:
   ``result``      out  stream (always ready): ``hit``, ``value`` (``value_bits``, 0 on a miss),
                        ``tag``. Valid exactly ``LATENCY`` (4) cycles after its lookup.
   ``cmd``         in   stream: ``op`` (``FlowOp``, 2 bits), ``key``, ``value``. Ready while idle.
+                       A source that puts the key on the port a clock before it raises
+                       ``valid`` gets the cycle counts below; otherwise every command takes 3
+                       cycles more (``RxFlowPipeline`` at 937a2ea raises ``valid`` with the
+                       payload: its commands take 5 cycles, not 2).
   ``resp``        out  stream (always ready), a one-cycle pulse when a command completes:
                        ``status`` (``FlowStatus``), ``value`` (stored value: LOOKUP hit or
                        EXISTS), ``cycles`` (clocks from the ``cmd`` transfer to this pulse,
@@ -49,6 +53,9 @@ Commands:
   ``2 + 2 n`` for an insert that made n evictions (into the stash: ``2 + 2 max_kicks``);
   ``3 + 4 max_kicks`` for FULL (the walk and its undo). A DELETE that re-homes stash entries
   adds ``2 + 2 n`` per attempt. The next command may be taken the cycle after ``resp``.
+  All of these when the command's key was on ``cmd`` in the clock before its transfer (the
+  payload of a command that waited for ``ready`` is); if not, 3 more (CHECK finds that IDLE read
+  the slots of another key: REREAD, PROBE, CHECK again).
 
 Lookup pipeline (``LATENCY`` = 4; a lookup presented in cycle t):
   stage 0 (cycle t)    hash the key for every way; register key, tag and addresses.
@@ -102,17 +109,20 @@ step is the hash of the key carried back, so only the way of each step is record
 steps use different ways, so the read of the next step shares the cycle of the write).
 
 Manager timing: no path runs from a way's read data through a key comparison to the next read
-address. IDLE already reads the slots of the key offered on ``cmd`` (hashed straight from the
-port); PROBE reads the same slots again for CHECK and registers the comparisons of the carried
-key with that first read and with the stash (``t_hit``, ``s_hit``: nothing is written between
-the two reads, and ``cur`` and the stash do not change in PROBE), so CHECK decides from
-registers. LATCH and UNDO_LATCH only look at the ``valid`` bits and copy a slot into ``old``.
-Each stash entry keeps its key's slot addresses (taken from ``cur_addr`` when ``cur`` goes to
-the stash), so starting a re-home walk selects registers and hashes nothing. Registers whose
-contents matter only after one outcome of CHECK or LATCH are loaded whatever the outcome
-(``old``'s key and value, the stash entry that would take a homeless key, ``cur`` for the next
-re-home): only a few control bits wait for the read data. The cycle counts above are unchanged
-by this.
+address, and none from the ``cmd`` port through a hash: the key on ``cmd`` is registered every
+clock as it is (``pre_key``), and IDLE reads the slots of that register's key, hashed from it --
+the key offered on ``cmd`` when the source put it there a clock before the transfer (PROBE
+registers whether it did, ``stale``; if not, CHECK sends the command through REREAD, which reads
+the right slots, and PROBE again). PROBE reads the same slots again for CHECK and registers the
+comparisons of the carried key with that first read and with the stash (``t_hit``, ``s_hit``:
+nothing is written between the two reads, and ``cur`` and the stash do not change in PROBE), so
+CHECK decides from registers. LATCH and UNDO_LATCH only look at the ``valid`` bits and copy a
+slot into ``old``. Each stash entry keeps its key's slot addresses (taken from ``cur_addr`` when
+``cur`` goes to the stash), so starting a re-home walk selects registers and hashes nothing.
+Registers whose contents matter only after one outcome of CHECK or LATCH are loaded whatever the
+outcome (``old``'s key and value, the stash entry that would take a homeless key, ``cur`` for
+the next re-home): only a few control bits wait for the read data. The cycle counts above are
+unchanged by this.
 
 The key under INSERT is never visible before the answer: while a walk carries it, a lookup of
 exactly that key is forced to miss (``hide``, compared in stage 1 like the registers), so a FULL
@@ -379,9 +389,20 @@ class FlowTable(wiring.Component):
         # (14.7 ns, 2026-12-07). Now the state selects between the two hashes, at the end.
         cmd_key_in = Signal(KEY_BITS)
         m.d.comb += cmd_key_in.eq(self.cmd.payload.key)
-        nh_cmd = hash_signals(cmd_key_in, "mg_hc")
+        # The command's key as it was on the port one clock earlier, a plain register (its only
+        # load is this register): IDLE reads the slots of that key, hashed from here, not from
+        # the port. Hashed straight from the port, the key's net (from a register in the parent,
+        # ~100 hash LUTs next to the four ways' block RAMs) was 6.3 ns routed on the ECPIX-5 core
+        # at e7458bf, on the way to the ways' addresses (-3.95 ns), ``cur_addr`` (-2.03 ns) and
+        # Yosys's collision compare of the transparent lookup ports (``s2_mask``, -4.13 ns).
+        # ``pre_key_at`` keeps it for the transfer's PROBE, where ``stale`` tells whether it was
+        # the transferred key (see CHECK).
+        pre_key, pre_key_at, stale = Signal(KEY_BITS), Signal(KEY_BITS), Signal()
+        m.d.sync += pre_key.eq(cmd_key_in)
+        nh_cmd = hash_signals(pre_key, "mg_hc")
         nh = hash_signals(old_key, "mg_h")
         writing = Signal()
+        rehash = Signal()            # REREAD: every way reads the slots of ``old``'s key
         idle = Signal()
 
         # Manager port addresses: every way reads/writes the carried key's slot, except that in
@@ -392,7 +413,8 @@ class FlowTable(wiring.Component):
         wr_valid = Signal(init=1)
         for w in range(W):
             a = Signal(A, name=f"mg_addr{w}")
-            m.d.comb += a.eq(Mux(idle, nh_cmd[w], Mux(writing & (way != w), nh[w], cur_addr[w])))
+            m.d.comb += a.eq(Mux(idle, nh_cmd[w],
+                                 Mux(rehash | (writing & (way != w)), nh[w], cur_addr[w])))
             m.d.comb += [
                 mg_rd[w].addr.eq(a),
                 mg_wr[w].addr.eq(a),
@@ -538,6 +560,7 @@ class FlowTable(wiring.Component):
                 with m.If(self.cmd.valid):
                     load_cur(cmd_key_in, self.cmd.payload.value, nh_cmd)
                     m.d.sync += [
+                        pre_key_at.eq(pre_key),
                         op.eq(self.cmd.payload.op),
                         cmd_key.eq(cmd_key_in),
                         cmd_val.eq(self.cmd.payload.value),
@@ -550,11 +573,28 @@ class FlowTable(wiring.Component):
                     m.next = "PROBE"
 
             with m.State("PROBE"):          # every way reads the key's slot
+                # IDLE read the slots of ``pre_key_at``: the command's key only if the source
+                # put it on the port a clock before the transfer (the compared data, ``t_hit``,
+                # is of that read). Otherwise CHECK re-reads.
+                m.d.sync += stale.eq(pre_key_at != cmd_key)
                 m.next = "CHECK"
+
+            with m.State("REREAD"):         # every way reads the slots of old's key (= cmd_key)
+                m.d.comb += rehash.eq(1)
+                m.d.sync += [cur_addr[w].eq(nh[w]) for w in range(W)]
+                m.d.sync += pre_key_at.eq(cmd_key)
+                m.next = "PROBE"
 
             with m.State("CHECK"):
                 load_old(victim_any)
-                with m.If(rehome):
+                with m.If(stale & ~rehome):
+                    # IDLE read the slots of another key (``t_hit`` is of that read, and
+                    # ``cur_addr`` its hash): read the command key's slots (REREAD, hashed by
+                    # the evictee's unit from ``old``: ``old_vis`` is 0, lookups ignore it), then
+                    # PROBE and CHECK again. Nothing was written or answered: 2 cycles more.
+                    m.d.sync += old_key.eq(cmd_key)
+                    m.next = "REREAD"
+                with m.Elif(rehome):
                     with m.If(empty.any()):
                         m.d.comb += wr_en.eq(1 << first_empty)
                         placed()

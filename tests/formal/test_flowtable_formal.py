@@ -37,16 +37,17 @@ stash 1, ``max_kicks`` 1. Three simplifications keep z3 within about two minutes
 - a trace uses ``KEYS`` distinct keys (all ``AnyConst``, K among them) with ``KEY_BITS`` free
   low bits: more than a 12-cycle trace can insert, and enough to share both slots of a key;
 - ``DEPTH`` = 12 cycles (steps 0-11): the reset cycle, two inserts into empty slots (3 cycles
-  each, transfer included), and a third insert that evicts (PROBE, CHECK, WRITE, LATCH: the walk
-  of ``max_kicks`` = 1 eviction, ending in an empty slot or the stash, 5 cycles), answered in
-  step 11, so its response, the occupancy after it and every lookup presented up to step 7
-  (while slots are written, with the ``mask`` path) are checked; ``longest_command`` (7 cycles,
-  a FULL insert with its undo) is asserted for every command that starts in the trace.
-  What this depth does NOT check: a lookup of ``K`` presented while ``K`` sits in the
-  manager's ``old``/``cur`` registers. The cover test reaches such a presentation first in
-  step 10, so its result (``LATENCY`` later, step 14) lies beyond the trace; checking it
-  needs depth 15, several times the cost below. The register comparisons are exercised by the
-  cocotb stress test instead.
+  each, transfer included, when the solver puts the key on the port a clock before the transfer;
+  otherwise the table re-reads, 3 cycles more, and both ways are proved), and a third insert
+  that evicts (PROBE, CHECK, WRITE, LATCH: the walk of ``max_kicks`` = 1 eviction, ending in an
+  empty slot or the stash, 5 cycles), answered in step 11, so its response, the occupancy after
+  it and every lookup presented up to step 7 (while slots are written, with the ``mask`` path)
+  are checked; ``longest_command`` (10 cycles, a FULL insert with its undo) is asserted for
+  every command that starts in the trace. What this depth does NOT check: a lookup of ``K``
+  presented while ``K`` sits in the manager's ``old``/``cur`` registers. The cover test reaches
+  such a presentation first in step 10, so its result (``LATENCY`` later, step 14) lies beyond
+  the trace; checking it needs depth 15, several times the cost below. The register comparisons
+  are exercised by the cocotb stress test instead.
 
 Engine and cost: ``smtbmc --syn z3`` (``ENGINE``; smtbmc synthesizes the model to gates first),
 which z3 solves in about half the CPU time of the word-level model at this depth (measured: 289
@@ -74,9 +75,11 @@ ENGINE = "smtbmc --syn z3"
 def longest_command(max_kicks, stash, **_):
     """Cycles from a command's transfer to its resp at most (``FlowTable`` docstring): a FULL
     insert is PROBE, CHECK, ``max_kicks`` evictions of WRITE+LATCH, UNDO_READ and ``max_kicks``
-    UNDO_LATCH+UNDO_WRITE; a DELETE re-homes each stash entry with PROBE, CHECK and a walk."""
-    full_insert = 3 + 4 * max_kicks
-    delete = 2 + stash * (2 + 2 * max_kicks)
+    UNDO_LATCH+UNDO_WRITE; a DELETE re-homes each stash entry with PROBE, CHECK and a walk.
+    Plus 3 (CHECK, REREAD, PROBE) for a command whose key was not on the port the clock before
+    its transfer."""
+    full_insert = 3 + 4 * max_kicks + 3
+    delete = 2 + stash * (2 + 2 * max_kicks) + 3
     return max(full_insert, delete)
 
 
