@@ -513,8 +513,10 @@ class ReactionPoint(wiring.Component):
             ib_s.eq(Mux(k_sent, _inc_sat8(st.ib), st.ib)),
         ]
         # hi < F iff both are; lo >= F iff both are; factor = lo - F + 1 when hyper (1..256)
-        up_it = st.it >= thr_it
-        up_ib = st.ib >= thr_ib
+        # The stage compares on both candidate words, chosen after (``fwd_s`` drives a choice
+        # of two compare results instead of the compares' operands: ECPIX-5 timing).
+        up_it = Mux(fwd_s, lw_data.it >= thr_it, s2_mem.it >= thr_it)
+        up_ib = Mux(fwd_s, lw_data.ib >= thr_ib, s2_mem.ib >= thr_ib)
         cls_fast = ~up_it & ~up_ib
         cls_hyper = up_it & up_ib
         a_it = st.it + c_it
@@ -522,7 +524,9 @@ class ReactionPoint(wiring.Component):
         factor = Mux(a_it < a_ib, a_it, a_ib)[:9]
         s_due_a = _in_window(st.t_alpha, win["alpha_period"])
         s_due_r = _in_window(st.t_rate, win["time_reset"])
-        s_due_f = _in_window(st.t_fm, win["fm_period"])
+        # FlowMatrix due test on both candidate words, then the choice (as for the stages)
+        s_due_f = Mux(fwd_t, _in_window(lw_data.t_fm, win["fm_period"]),
+                      _in_window(s2_mem.t_fm, win["fm_period"]))
         d_infl = (st.infl_last - st.infl_prev)[:16]
         s_sent_d = k_sent & dcq & st.active
         s_tmr_d = k_tmr & dcq & st.active
@@ -578,9 +582,18 @@ class ReactionPoint(wiring.Component):
                 ib_new.eq(Mux(sent_d & cross2, ib2, old.ib)),
             ]
         inc_lo = Signal(27)                  # m_a * m_f
+        # Two more copies of it (loaded under other enables, so that Yosys keeps them apart;
+        # all three hold m_a * m_f in S4): each of the five carry chains of S4 is fed by one
+        # copy of at most two chains (one flip-flop to five chains was a 4 ns net, ECPIX-5).
+        inc_lo_b = Signal(27)                # every clock (m_a, m_f hold from S2 to S4)
+        inc_lo_c = Signal(27)                # every clock but S4
         rt3 = Signal(RATE_BITS + 12)         # rt + hbx, and the other sums of increase()
         x13 = Signal(RATE_BITS + 12)         # with hbx already in
-        zc3 = Signal(signed(RATE_BITS + 13))  # x1 - 2 max_rate + hbx
+        # rc_inc == max_rate (not capped) iff x1 + hbx + inc_lo - 2 max_rate is 0 or 1, i.e.
+        # inc_lo in [zn3, zn3 + 1] with zn3 = 2 max_rate - x1 - hbx: two compares of inc_lo
+        # against registered bounds (carry outs only), instead of a sum and a 33-bit zero test.
+        zn3 = Signal(signed(RATE_BITS + 13))   # 2 max_rate - x1 - hbx
+        zn3p2 = Signal(signed(RATE_BITS + 13))  # zn3 + 2
         dmr3 = Signal(signed(RATE_BITS + 13))  # max_rate - rt - hbx
         y_not_max = Signal()                 # y1 >> 1 != max_rate
         # CNP: rc * (alpha >> 10) and rc * min_dec_fac * 1311, each as the products of rc's low
@@ -596,6 +609,9 @@ class ReactionPoint(wiring.Component):
         pa = Signal(32)
         hbv = Signal(RATE_BITS - 18 + 9)     # m_h * m_f (weight 2**18)
         hbx = Signal(RATE_BITS + 9)          # inc - m_a * m_f: (m_h * m_f) << 18, or m_ai
+        m.d.sync += inc_lo_b.eq(m_a * m_f)
+        with m.If(~ph4):
+            m.d.sync += inc_lo_c.eq(m_a * m_f)
         m.d.comb += [hbv.eq(Mux(m_h[0], m_f, 0) + Mux(m_h[1], m_f << 1, 0)),
                      hbx.eq(Cat(Const(0, 18), hbv) | m_ai)]   # one of the two is 0
         with m.If(ph3):
@@ -603,7 +619,8 @@ class ReactionPoint(wiring.Component):
                 inc_lo.eq(m_a * m_f),
                 rt3.eq(old.rt + hbx),
                 x13.eq(x1 + hbx),
-                zc3.eq(x1 - mr2 + hbx),
+                zn3.eq(mr2 - x1 - hbx),
+                zn3p2.eq(mr2 + 2 - x1 - hbx),
                 dmr3.eq(dmr - hbx),
                 y_not_max.eq(y1[1:] != p.max_rate),
                 pd_lo.eq(old.rc[:18] * old.alpha[10:]),
@@ -622,7 +639,7 @@ class ReactionPoint(wiring.Component):
         rt_sum = Signal(RATE_BITS + 12)
         capped = Signal()                    # rt + inc > max_rate
         avg2 = Signal(RATE_BITS + 1)         # min(rt + inc, max_rate) + rc + 1
-        zd = Signal(signed(RATE_BITS + 14))
+        act_nc = Signal()                    # rc_inc != max_rate when not capped
         rt_inc = Signal(RATE_BITS)
         rc_inc = Signal(RATE_BITS)
         act_inc = Signal()                   # rc_inc != max_rate
@@ -630,12 +647,12 @@ class ReactionPoint(wiring.Component):
         alpha_new = Signal(P.ALPHA_BITS)     # (1 - g) alpha + g on a CNP, (1 - g) alpha when due
         m.d.comb += [
             rt_sum.eq(rt3 + inc_lo),
-            capped.eq(inc_lo > dmr3),
-            avg2.eq(Mux(capped, y1, x13 + inc_lo)),
-            zd.eq(zc3 + inc_lo),
+            capped.eq(inc_lo_c > dmr3),
+            avg2.eq(Mux(capped, y1, x13 + inc_lo_b)),
+            act_nc.eq((inc_lo_b < zn3) | (inc_lo >= zn3p2)),
             rt_inc.eq(Mux(capped, p.max_rate, rt_sum)),
             rc_inc.eq(avg2 >> 1),
-            act_inc.eq(Mux(capped, y_not_max, zd[1:] != 0)),
+            act_inc.eq(Mux(capped, y_not_max, act_nc)),
             alpha_up.eq(old.alpha + nsh),
             alpha_new.eq(Mux(cnp_d, Mux(alpha_up[P.ALPHA_BITS], (1 << P.ALPHA_BITS) - 1,
                                         alpha_up[:P.ALPHA_BITS]),
@@ -686,8 +703,6 @@ class ReactionPoint(wiring.Component):
                 m.d.comb += nx.t_alpha.eq(ev.now)
             with m.If(tmr_d & due_r):
                 m.d.comb += nx.t_rate.eq(ev.now)
-            with m.If(fire):
-                m.d.comb += [nx.rt.eq(rt_inc), nx.rc.eq(rc_inc), nx.active.eq(act_inc)]
         with m.Elif(sent_f):
             m.d.comb += nx.infl_last.eq(ev.inflight)
 
@@ -746,6 +761,12 @@ class ReactionPoint(wiring.Component):
             res_en.eq(done3 | f13),
             res_data.eq(Mux(f13, nf, nx)),
         ]
+        # increase(): its results (the late ones, behind S4's carry chains) chosen last, by one
+        # flip-flop (``fire`` is set only with sent_d or tmr_d, so never with is_init, cnp_d or
+        # a FlowMatrix update, and the choice of ``nx`` and ``nf`` before it is not needed).
+        with m.If(fire):
+            m.d.comb += [res_data.rt.eq(rt_inc), res_data.rc.eq(rc_inc),
+                         res_data.active.eq(act_inc)]
         # ``rate`` and ``trace`` come from the result register (the clock the RAM is written),
         # so the blocks they feed start from flip-flops too.
         out_rate = Signal()
