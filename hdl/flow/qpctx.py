@@ -393,12 +393,6 @@ class QpContextStore(wiring.Component):
         def advance(ptr):
             return Mux(ptr == R - 1, 0, ptr + 1)
 
-        def snooped(e, name):
-            out = Signal(entry, name=name)
-            m.d.comb += [out.eq(e),
-                         out.ctx.eq(Mux(s_en & (s_addr == e.tok.index), s_data, e.ctx))]
-            return out
-
         head_free = Signal()
         ring_read = Signal()
         ring_write = Signal()
@@ -407,16 +401,23 @@ class QpContextStore(wiring.Component):
             ring_read.eq(head_free & (r_level != 0)),
             ring_write.eq(s1_valid & ~(head_free & (r_level == 0))),
         ]
+        # The oldest entry as the head takes it: its snoop hit is the entry's own (``q{k}_hit``,
+        # chosen by the read pointer like the entry), not a compare behind the R:1 multiplexer.
+        hits = [Signal(name=f"q{k}_hit") for k in range(R)]
         oldest = Signal(entry)
+        oldest_hit = Signal()
         if R == 1:
-            m.d.comb += oldest.eq(q[0])
+            m.d.comb += [oldest.eq(q[0]), oldest_hit.eq(hits[0])]
         elif R > 1:
             with m.Switch(rp):
                 for k in range(R):
                     with m.Case(k):
-                        m.d.comb += oldest.eq(q[k])
+                        m.d.comb += [oldest.eq(q[k]), oldest_hit.eq(hits[k])]
+        oldest_snooped = Signal(entry)
+        m.d.comb += [oldest_snooped.eq(oldest),
+                     oldest_snooped.ctx.eq(Mux(oldest_hit, s_data, oldest.ctx))]
         with m.If(ring_read):
-            m.d.sync += head.eq(snooped(oldest, "oldest_snooped"))
+            m.d.sync += head.eq(oldest_snooped)
         with m.Elif(head_free):
             m.d.sync += head.eq(incoming)
         with m.Elif(s_en & (s_addr == head.tok.index)):
@@ -424,7 +425,7 @@ class QpContextStore(wiring.Component):
         with m.If(head_free):
             m.d.sync += head_valid.eq((r_level != 0) | s1_valid)
         for k in range(R):
-            hit = Signal(name=f"q{k}_hit")
+            hit = hits[k]
             load = Signal(name=f"q{k}_load")
             # An incoming token is loaded at wp whether it enters the ring or goes straight to
             # the head (then wp does not move and the entry stays outside the queue): the
