@@ -156,8 +156,9 @@ class TxBuilder(wiring.Component):
         # on, for a descriptor per clock.
         # Then also the context is registered (ctx_r, a clock after it is read) before the
         # record is built from it, and a descriptor takes three clocks at least (four since
-        # gid_r, below): a frame still lasts eight. From the block RAM's output through the GID and traffic-class selects
-        # to the record queue it was 10.4 ns routed on the ECPIX-5 core at 2c5ea0a.
+        # gid_r, below): a frame still lasts eight. From the block RAM's output through the GID
+        # and traffic-class selects to the record queue it was 10.4 ns routed on the ECPIX-5
+        # core at 2c5ea0a.
         # The GID and traffic-class selects are registered too (gid_r, tcm_r, a clock after
         # ctx_r), and a descriptor takes four clocks at least: from ctx_r through the GID select
         # (over the CSR bank's GID registers) into the record queue it missed 125 MHz by 1.0 ns
